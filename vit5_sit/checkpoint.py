@@ -1,0 +1,97 @@
+"""Find and load models for sampling and evaluation: our runs and checkpoints, the bundled demo, official SiT files.
+
+Accepted paths:
+- a run folder (``runs/NAME``, holding ``config.yaml`` and ``checkpoints/``): its newest valid checkpoint;
+- a checkpoint folder (``runs/NAME/checkpoints/step_0001000``): config from the run folder;
+- a model folder (``config.yaml`` beside ``ema.safetensors`` or ``model.safetensors``; the bundled demo);
+- an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vit5_sit.config import ExperimentConfig, load_config
+from vit5_sit.models import DiT, create_model, load_official_state_dict, model_config
+from vit5_sit.train.checkpoint import (
+    CheckpointError,
+    Checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
+
+DEMO_MODEL = Path(__file__).parent / "assets" / "demo"
+
+
+class ModelLoadError(RuntimeError):
+    """The path does not hold a model we can load; the message says what was expected."""
+
+
+def _weights_in(folder: Path, use_ema: bool) -> Path | None:
+    names = ("ema.safetensors", "model.safetensors") if use_ema else ("model.safetensors", "ema.safetensors")
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """(folder holding the weights, config.yaml) for a run, checkpoint or model folder."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file() and not _weights_in(path, True):
+        ckpt = latest_valid_checkpoint(path)
+        if ckpt is None:
+            raise ModelLoadError(f"{path}: run folder has no valid checkpoint in {path / 'checkpoints'}")
+        return ckpt.path, path / "config.yaml"
+    if (path / "meta.json").is_file() and path.parent.name == "checkpoints":
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            raise ModelLoadError(str(e)) from None
+        return path, path.parent.parent / "config.yaml"
+    if (path / "config.yaml").is_file() and _weights_in(path, True):
+        return path, path / "config.yaml"
+    raise ModelLoadError(
+        f"{path}: not a run folder, checkpoint folder or model folder (expected config.yaml with "
+        "checkpoints/ or with ema.safetensors / model.safetensors beside it)")
+
+
+def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None, overrides: dict | None = None,
+                      use_ema: bool = True, device: torch.device | str = "cpu",
+                      ) -> tuple[DiT, ExperimentConfig | None]:
+    """A model in eval mode on ``device``, and its experiment config (None for official files)."""
+    from safetensors.torch import load_file
+
+    path = Path(path) if path is not None else DEMO_MODEL
+    if path.is_file():
+        if path.suffix not in (".pt", ".pth", ".bin"):
+            raise ModelLoadError(f"{path}: expected an official SiT .pt file, or one of our folders")
+        name = preset or "SiT-XL/2"
+        model = create_model(model_config(name, **(overrides or {})))
+        load_official_state_dict(model, path)
+        return model.to(device).eval(), None
+    folder, config_path = resolve_checkpoint(path)
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: no config.yaml found at {config_path}")
+    cfg = load_config(config_path)
+    if preset is not None or overrides:
+        raise ModelLoadError(f"{path}: --preset/overrides apply to official .pt files only; this folder "
+                             "has its own config.yaml")
+    model = create_model(cfg.model_config())
+    weights = _weights_in(folder, use_ema)
+    state = {k: v.float() for k, v in load_file(str(weights)).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
+                             f"{missing[:5]}, unexpected keys: {unexpected[:5]})")
+    return model.to(device).eval(), cfg
+
+
+def run_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
+    """The checkpoints of a run, oldest first, for evaluating a whole run."""
+    return list_checkpoints(run_dir)

@@ -1,0 +1,66 @@
+"""The experiment config: YAML + dotted overrides, unknown keys and bad values name the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from vit5_sit.config import ConfigError, load_config, save_config
+
+CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/**/*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(p.parents[1])) for p in CONFIGS])
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    mcfg = cfg.model_config()
+    assert mcfg.input_size * (8 if cfg.data.kind == "latents" else 1) == cfg.data.resolution
+
+
+def test_overrides_apply_and_coerce():
+    cfg = load_config(None, ["model.preset=ViT5-S/2", "model.rope=false", "train.lr=2e-4",
+                             "train.grad_clip=1", "log.sample_classes=[1,2]", "model.layer_scale_init=none"])
+    assert cfg.train.lr == pytest.approx(2e-4) and isinstance(cfg.train.grad_clip, float)
+    assert cfg.log.sample_classes == [1, 2]
+    m = cfg.model_config()
+    assert m.rope is False and m.layer_scale_init is None and m.hidden_size == 384
+
+
+def test_data_section_sets_model_input():
+    cfg = load_config(None, ["data.kind=latents", "data.resolution=256", "model.preset=SiT-XL/2"])
+    m = cfg.model_config()
+    assert (m.input_size, m.in_channels) == (32, 4)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lrr=1e-4", "Did you mean train.lr"),
+    ("trian.lr=1e-4", "Did you mean train"),
+    ("model.rop=false", "Did you mean model.rope"),
+    ("model.preset=ViT5-XXL/2", "unknown preset"),
+    ("train.lr=fast", "expected a number"),
+    ("train.max_steps=1.5", "expected an integer"),
+    ("model.rope=maybe", "expected true or false"),
+    ("train.mixed_precision=fp8", "must be one of"),
+    ("model.norm=batchnorm", "norm"),
+    ("data.kind=imagenet", "Did you mean 'images'"),
+    ("train.lr", "expected key=value"),
+])
+def test_bad_keys_and_values_name_the_fix(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.preset=ViT5-T/4", "model.num_registers=2", "name=abl"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again.model_config() == cfg.model_config()
+    assert again.name == "abl"
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

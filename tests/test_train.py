@@ -1,0 +1,209 @@
+"""Training: pixel and latent space, the loss falls on real digits, exact resume after SIGKILL, two processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from vit5_sit.config import load_config
+from vit5_sit.train.checkpoint import list_checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+        "log.tracker=none", "log.sample_every=0", "data.num_workers=0", "train.ckpt_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def _image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 8, corrupt: bool = False) -> Path:
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size + 2, size, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    if corrupt:
+        (root / "class0" / "broken.png").write_bytes(b"\x89PNG not really")
+    return root
+
+
+def _train(overrides: list[str], resume: str | None = None):
+    from vit5_sit.train.loop import train
+
+    return train(load_config(None, overrides), resume=resume)
+
+
+def test_pixel_space_few_steps_with_a_corrupt_image(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data", corrupt=True)
+    run = _train([*TINY, f"output_dir={tmp_path}", "name=px", "data.kind=images", f"data.path={data}",
+                  "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
+                  "train.max_steps=3"])
+    assert [c.step for c in list_checkpoints(run)] == [2, 3]
+    assert (run / "config.yaml").is_file()
+    out = capsys.readouterr()
+    assert "broken.png" in out.out + out.err
+
+
+def test_latent_space_from_a_local_vae(tmp_path):
+    pytest.importorskip("diffusers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from diffusers import AutoencoderKL
+
+    from vit5_sit.data.latents import encode_dataset
+
+    vae_dir = tmp_path / "vae"
+    AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                  up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                  latent_channels=4, norm_num_groups=8, sample_size=16).save_pretrained(vae_dir)
+    data = _image_folder(tmp_path / "data", size=16)
+    encode_dataset(data, tmp_path / "latents", vae=str(vae_dir), resolution=16, batch_size=4, device="cpu")
+    run = _train([*TINY, f"output_dir={tmp_path}", "name=lat", "data.kind=latents",
+                  f"data.path={tmp_path / 'latents'}", "data.resolution=16", "model.input_size=8",
+                  "model.num_classes=2", "train.global_batch_size=4", "train.max_steps=2"])
+    assert [c.step for c in list_checkpoints(run)] == [2]
+
+
+def test_loss_falls_on_real_digits(tmp_path):
+    losses = []
+
+    def log(msg: str) -> None:
+        if msg.startswith("step "):
+            losses.append(float(msg.split("loss=")[1].split()[0]))
+
+    from vit5_sit.train.loop import train
+
+    cfg = load_config(ROOT / "configs/mnist/vit5.yaml", [
+        f"output_dir={tmp_path}", "name=mnist", f"data.path={tmp_path / 'mnist'}", "data.resolution=16",
+        "model.depth=2", "model.hidden_size=64", "model.num_heads=2", "log.tracker=none", "log.sample_every=0",
+        "log.every=1", "train.global_batch_size=32", "train.max_steps=80", "train.ckpt_every=80",
+        "train.warmup_steps=10", "train.lr=2e-3"])
+    train(cfg, log_fn=log)
+    assert len(losses) == 80
+    first, last = np.mean(losses[:10]), np.mean(losses[-10:])
+    assert last < 0.8 * first, (first, last)
+
+
+def _cli_overrides(tmp_path: Path, name: str, data: Path) -> list[str]:
+    return [*TINY, f"output_dir={tmp_path}", f"name={name}", "data.kind=images", f"data.path={data}",
+            "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
+            "train.max_steps=8"]
+
+
+def _final(run: Path) -> dict[str, torch.Tensor]:
+    ckpt = list_checkpoints(run)[-1]
+    return {**load_file(str(ckpt.path / "model.safetensors")),
+            **{f"ema.{k}": v for k, v in load_file(str(ckpt.path / "ema.safetensors")).items()}}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_auto_is_exact(tmp_path):
+    data = _image_folder(tmp_path / "data")
+    cmd = [sys.executable, str(ROOT / "train.py")]
+    long = "train.max_steps=30"  # long enough that the kill lands mid-run
+    ref = subprocess.run([*cmd, *_cli_overrides(tmp_path, "ref", data), long], env=_env(), capture_output=True,
+                         text=True)
+    assert ref.returncode == 0, ref.stderr
+
+    proc = subprocess.Popen([*cmd, *_cli_overrides(tmp_path, "killed", data), long], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (tmp_path / "killed/checkpoints/step_0000004").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = [c.step for c in list_checkpoints(tmp_path / "killed")]
+    assert done and 30 not in done, done
+
+    resumed = subprocess.run([*cmd, *_cli_overrides(tmp_path, "killed", data), long, "--resume", "auto"], env=_env(),
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    a, b = _final(tmp_path / "ref"), _final(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    data = _image_folder(tmp_path / "data")
+    one = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "one", data),
+                          "train.max_steps=4"], env=_env(), capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data), "train.max_steps=4"],
+                         env=_env(), capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert [c.step for c in list_checkpoints(tmp_path / "two")] == [2, 4]
+    a, b = _final(tmp_path / "one"), _final(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_truncated_newest_checkpoint_falls_back(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data")
+    run = _train(_cli_overrides(tmp_path, "trunc", data) + ["train.max_steps=4"])
+    newest = list_checkpoints(run)[-1].path
+    f = newest / "ema.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+    _train(_cli_overrides(tmp_path, "trunc", data) + ["train.max_steps=6"], resume="auto")
+    out = capsys.readouterr().out
+    assert "skipping checkpoint step_0000004" in out and "truncated" in out
+    assert "resumed from" in out and "step_0000002" in out
+    assert [c.step for c in list_checkpoints(run)][-1] == 6
+
+
+def test_nonfinite_steps_are_skipped_then_stop_with_advice(tmp_path, monkeypatch):
+    from vit5_sit.train.loop import TrainingError
+    from vit5_sit.transport import Transport
+
+    real = Transport.loss
+
+    def nan_loss(self, *args, **kwargs):
+        return real(self, *args, **kwargs) * float("nan")
+
+    monkeypatch.setattr(Transport, "loss", nan_loss)
+    data = _image_folder(tmp_path / "data")
+    with pytest.raises(TrainingError, match="lower train.lr.*bf16.*qk_norm"):
+        _train(_cli_overrides(tmp_path, "nan", data) + ["train.max_nonfinite=3"])
+    assert list_checkpoints(tmp_path / "nan")[-1].step == 2  # steps 1-2 "trained" (skipped), then stop at 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train.lrr=1"], "Did you mean train.lr"),
+    (["train.global_batch_size=-4"], "must be a positive integer"),
+    (["--config", "configs/nope.yaml"], "config file not found"),
+])
+def test_cli_errors_are_one_clear_line(args, message):
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=_env(), capture_output=True,
+                         text=True, cwd=ROOT)
+    assert res.returncode == 2
+    assert message in res.stderr and "Traceback" not in res.stderr

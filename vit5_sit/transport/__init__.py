@@ -1,0 +1,19 @@
+"""Flow-matching core (SiT's convention: x_t = alpha_t x1 + sigma_t x0, t = 0 noise, t = 1 data)."""
+
+from .guidance import ClassifierFreeGuidance
+from .likelihood import nll_bits_per_dim
+from .rng import StackedRandomGenerator
+from .samplers import SamplerConfig, SampleResult, diffusion, sample
+from .transport import Transport, TransportConfig
+
+__all__ = [
+    "ClassifierFreeGuidance",
+    "SampleResult",
+    "SamplerConfig",
+    "StackedRandomGenerator",
+    "Transport",
+    "TransportConfig",
+    "diffusion",
+    "nll_bits_per_dim",
+    "sample",
+]

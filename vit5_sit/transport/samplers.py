@@ -1,0 +1,226 @@
+"""Samplers: integrate from noise (t = t0, near 0) to data (t = t1, near 1).
+
+Each sampler is a pure function `(model_fn, noise, y, transport, cfg, rng) -> samples`; `sample` picks
+one from a SamplerConfig and counts the network evaluations (NFE). `model_fn(x, t, y)` is the network
+or a guided wrapper (ClassifierFreeGuidance); one call is one NFE, whatever its batch.
+
+Step counts versus the official SiT scripts: SiT's `--num-sampling-steps N` puts N points on [t0, t1]
+(N - 1 steps); here `steps` is the number of steps. So SiT ODE Euler N = `steps=N - 1`, and SiT's
+SDE with 250 points (249 Euler-Maruyama steps + the last step) = `steps=249`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchdiffeq import odeint
+
+from .transport import Transport, _check_choice, _expand
+
+MODES = ("ode", "sde")
+ODE_FIXED = ("euler", "heun")  # our own fixed-step solvers
+ODE_ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")  # through torchdiffeq
+SDE_METHODS = ("euler", "heun")  # 'euler' is Euler-Maruyama
+DIFFUSION_FORMS = ("constant", "sbdm", "sigma", "linear", "decreasing", "increasing-decreasing")
+LAST_STEPS = ("mean", "tweedie", "euler", "none")
+
+
+@dataclass
+class SamplerConfig:
+    mode: str = "ode"  # 'ode' (probability flow, deterministic) | 'sde'
+    method: str = "euler"  # ode: 'euler' | 'heun' | 'dopri5' | 'dopri8' | ...; sde: 'euler' | 'heun'
+    steps: int = 50  # fixed-step methods: number of steps (ignored by adaptive ones)
+    atol: float = 1e-6  # adaptive ODE methods: absolute tolerance
+    rtol: float = 1e-3  # adaptive ODE methods: relative tolerance
+    diffusion_form: str = "sigma"  # sde: w(t), see `diffusion`; 'sigma' is SiT's best ImageNet setting
+    diffusion_norm: float = 1.0  # sde: scale of w(t)
+    last_step: str = "mean"  # sde: final noiseless step to t = 1: 'mean' | 'tweedie' | 'euler' | 'none'
+    # ('mean' suits forms with w(1) = 0; after 'constant', or 'sbdm' on VP, 'euler' keeps the variance)
+    last_step_size: float = 0.04  # sde: length of that last step (in t)
+
+    def __post_init__(self):
+        _check_choice("SamplerConfig", "mode", self.mode, MODES)
+        methods = ODE_FIXED + ODE_ADAPTIVE if self.mode == "ode" else SDE_METHODS
+        if self.method not in methods:
+            raise ValueError(
+                f"SamplerConfig.method={self.method!r} is not valid for mode={self.mode!r}; "
+                f"choose one of {', '.join(map(repr, methods))}"
+            )
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"SamplerConfig.steps={self.steps!r} must be a positive integer")
+        for name in ("atol", "rtol"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SamplerConfig.{name}={getattr(self, name)!r} must be > 0")
+        _check_choice("SamplerConfig", "diffusion_form", self.diffusion_form, DIFFUSION_FORMS)
+        if not self.diffusion_norm >= 0:
+            raise ValueError(f"SamplerConfig.diffusion_norm={self.diffusion_norm!r} must be >= 0")
+        _check_choice("SamplerConfig", "last_step", self.last_step, LAST_STEPS)
+        if self.last_step != "none" and not 0 < self.last_step_size < 1:
+            raise ValueError(f"SamplerConfig.last_step_size={self.last_step_size!r} must be in (0, 1)")
+
+
+@dataclass
+class SampleResult:
+    samples: torch.Tensor  # like the noise
+    nfe: int  # calls of model_fn (a CFG call, conditional and unconditional together, is one)
+
+
+def sample(model_fn, noise, y, transport: Transport, cfg: SamplerConfig, rng=None) -> SampleResult:
+    """Draw samples from `noise` (x at t = 0). rng: a StackedRandomGenerator for the SDE's per-step
+    noise (None = the global torch RNG); the ODE samplers use no randomness."""
+    calls = [0]
+
+    def counted(x, t, y_):
+        calls[0] += 1
+        return model_fn(x, t, y_)
+
+    if cfg.mode == "sde":
+        sampler = sde_euler_maruyama if cfg.method == "euler" else sde_heun
+    else:
+        sampler = {"euler": ode_euler, "heun": ode_heun}.get(cfg.method, ode_adaptive)
+    with torch.no_grad():
+        samples = sampler(counted, noise, y, transport, cfg, rng)
+    return SampleResult(samples, calls[0])
+
+
+# Helpers shared by the samplers.
+def _grid(t0: float, t1: float, steps: int) -> list[float]:
+    return torch.linspace(t0, t1, steps + 1, dtype=torch.float64).tolist()
+
+
+def _t(t: float, x: torch.Tensor) -> torch.Tensor:
+    return torch.full((x.shape[0],), t, dtype=x.dtype, device=x.device)
+
+
+def _velocity(model_fn, transport, x, t, y):
+    t = _t(t, x)
+    return transport.velocity(model_fn(x, t, y), x, t)
+
+
+def diffusion(transport: Transport, t: torch.Tensor, form: str, norm: float) -> torch.Tensor:
+    """The SDE's diffusion coefficient w(t) (B,); the SDE is dx = (v + w score) dt + sqrt(2 w) dW."""
+    if form == "constant":
+        return torch.full_like(t, norm)
+    if form == "sbdm":  # the score SDE's own coefficient: infinite at t = 0 on linear and GVP
+        return norm * transport.score_coef(t)
+    if form == "sigma":
+        return norm * transport.coefficients(t)[2]
+    if form == "linear":
+        return norm * (1 - t)
+    if form == "decreasing":
+        return 0.25 * (norm * torch.cos(torch.pi * t) + 1) ** 2
+    return norm * torch.sin(torch.pi * t) ** 2  # 'increasing-decreasing'
+
+
+def _sde_drift(model_fn, transport, cfg, x, t, y):
+    """(SDE drift v + w score, velocity v, w) at scalar time t, from one model call."""
+    t = _t(t, x)
+    out = model_fn(x, t, y)
+    v = transport.velocity(out, x, t)
+    w = _expand(diffusion(transport, t, cfg.diffusion_form, cfg.diffusion_norm), x)
+    # A zero diffusion adds no score term (this avoids 0 * inf where sigma_t = 0, at t = 1).
+    w_score = torch.where(w == 0, torch.zeros_like(v), w * transport.score(out, x, t))
+    return v + w_score, v, w
+
+
+def _sde_interval(transport, cfg):
+    last = 0.0 if cfg.last_step == "none" else cfg.last_step_size
+    return transport.interval(sde=True, sbdm=cfg.diffusion_form == "sbdm", last_step_size=last)
+
+
+def _last_step(model_fn, transport, cfg, x, t1, y):
+    """The SDE's final deterministic step from t1 to 1 (no noise is added)."""
+    if cfg.last_step == "none":
+        return x
+    if cfg.last_step == "tweedie":  # the posterior mean E[x1 | x_t] = (x + sigma^2 score) / alpha
+        t = _t(t1, x)
+        alpha, _, sigma, _ = (_expand(c, x) for c in transport.coefficients(t))
+        return (x + sigma**2 * transport.score(model_fn(x, t, y), x, t)) / alpha
+    drift, v, _ = _sde_drift(model_fn, transport, cfg, x, t1, y)
+    if cfg.last_step == "mean":  # the mean of one more Euler-Maruyama step
+        return x + cfg.last_step_size * drift
+    return x + cfg.last_step_size * v  # 'euler': one probability-flow Euler step
+
+
+# ODE samplers.
+def ode_euler(model_fn, noise, y, transport, cfg, rng=None):
+    """Euler on the probability-flow ODE: cfg.steps steps, cfg.steps NFE."""
+    t_steps = _grid(*transport.interval(), cfg.steps)
+    x = noise
+    for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
+        # Euler step along the velocity.
+        x = x + (t_next - t_cur) * _velocity(model_fn, transport, x, t_cur, y)
+    return x
+
+
+def ode_heun(model_fn, noise, y, transport, cfg, rng=None):
+    """Heun (explicit trapezoid) on the probability-flow ODE: cfg.steps steps, 2 * cfg.steps NFE."""
+    t_steps = _grid(*transport.interval(), cfg.steps)
+    x = noise
+    for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
+        h = t_next - t_cur
+        # Euler step.
+        d_cur = _velocity(model_fn, transport, x, t_cur, y)
+        x_next = x + h * d_cur
+        # Second-order correction: average the slopes at both ends.
+        d_next = _velocity(model_fn, transport, x_next, t_next, y)
+        x = x + 0.5 * h * (d_cur + d_next)
+    return x
+
+
+def ode_adaptive(model_fn, noise, y, transport, cfg, rng=None):
+    """An adaptive torchdiffeq solver (cfg.method) with cfg.atol / cfg.rtol. The step sizes are shared
+    by the whole batch, so a sample may differ, within the tolerance, with its batch-mates."""
+    t0, t1 = transport.interval()
+
+    def f(t, x):
+        # Clamped: torchdiffeq's first-step heuristic may probe outside [t0, t1] (VP is NaN past t = 1).
+        t = t.clamp(t0, t1).to(x.dtype).expand(x.shape[0])
+        return transport.velocity(model_fn(x, t, y), x, t)
+
+    t_span = torch.tensor([t0, t1], dtype=noise.dtype, device=noise.device)
+    # step_t: land the last step exactly on t1 rather than step past it and interpolate back.
+    options = {"step_t": t_span[1:]}
+    return odeint(f, noise, t_span, method=cfg.method, atol=cfg.atol, rtol=cfg.rtol, options=options)[-1]
+
+
+# SDE samplers.
+def sde_euler_maruyama(model_fn, noise, y, transport, cfg, rng=None):
+    """Euler-Maruyama on dx = (v + w score) dt + sqrt(2 w) dW, which keeps the marginals p_t of the
+    probability-flow ODE. cfg.steps steps (1 NFE each) then the last step (1 NFE unless 'none')."""
+    randn_like = torch.randn_like if rng is None else rng.randn_like
+    t0, t1 = _sde_interval(transport, cfg)
+    t_steps = _grid(t0, t1, cfg.steps)
+    x = noise
+    for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
+        dt = t_next - t_cur
+        # Drift step.
+        drift, _, w = _sde_drift(model_fn, transport, cfg, x, t_cur, y)
+        x_mean = x + dt * drift
+        # Brownian increment with variance 2 w dt.
+        x = x_mean + torch.sqrt(2 * w * dt) * randn_like(x)
+    # Last step to t = 1 without noise.
+    return _last_step(model_fn, transport, cfg, x, t1, y)
+
+
+def sde_heun(model_fn, noise, y, transport, cfg, rng=None):
+    """SiT's stochastic Heun: add the step's noise first, then a Heun step of the drift.
+    cfg.steps steps (2 NFE each) then the last step (1 NFE unless 'none')."""
+    randn_like = torch.randn_like if rng is None else rng.randn_like
+    t0, t1 = _sde_interval(transport, cfg)
+    t_steps = _grid(t0, t1, cfg.steps)
+    x = noise
+    for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
+        dt = t_next - t_cur
+        # Brownian increment with variance 2 w(t_cur) dt.
+        w = _expand(diffusion(transport, _t(t_cur, x), cfg.diffusion_form, cfg.diffusion_norm), x)
+        x_hat = x + torch.sqrt(2 * w * dt) * randn_like(x)
+        # Euler step of the drift.
+        d_cur = _sde_drift(model_fn, transport, cfg, x_hat, t_cur, y)[0]
+        x_next = x_hat + dt * d_cur
+        # Second-order correction of the drift.
+        d_next = _sde_drift(model_fn, transport, cfg, x_next, t_next, y)[0]
+        x = x_hat + 0.5 * dt * (d_cur + d_next)
+    # Last step to t = 1 without noise.
+    return _last_step(model_fn, transport, cfg, x, t1, y)

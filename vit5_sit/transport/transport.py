@@ -1,0 +1,220 @@
+"""The interpolant: paths, predictions, conversions and the training loss (SiT's convention).
+
+    x_t = alpha_t * x1 + sigma_t * x0,   x0 ~ N(0, I) noise, x1 data,   t = 0 noise, t = 1 data.
+
+Along a path the model predicts one of three equivalent fields of (x_t, t):
+  velocity  u(x, t) = E[alpha'_t x1 + sigma'_t x0 | x_t = x]   (the probability-flow ODE drift)
+  noise     eps(x, t) = E[x0 | x_t = x]
+  score     grad log p_t(x) = -eps(x, t) / sigma_t
+They are linked through x = alpha_t E[x1 | x] + sigma_t eps, which gives
+  velocity = dlog_alpha_t * x + score_coef_t * score,
+  dlog_alpha_t = alpha'_t / alpha_t,   score_coef_t = dlog_alpha_t * sigma_t^2 - sigma_t * sigma'_t.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+PATHS = ("linear", "gvp", "vp")
+PREDICTIONS = ("velocity", "score", "noise")
+LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+TIME_DISTS = ("uniform", "logit_normal")
+
+VP_SIGMA_MIN = 0.1  # beta(t) at the data end of SiT's VP path
+VP_SIGMA_MAX = 20.0  # beta(t) at the noise end
+SBDM_MIN_T = 1e-3  # smallest t the SDE starts at with diffusion_form='sbdm' (its w(t) ~ 1/t at t = 0)
+
+
+def _check_choice(owner: str, name: str, value, choices) -> None:
+    if value not in choices:
+        valid = ", ".join(map(repr, choices))
+        raise ValueError(f"{owner}.{name}={value!r} is not valid; choose one of {valid}")
+
+
+@dataclass
+class TransportConfig:
+    path: str = "linear"  # 'linear' | 'gvp' | 'vp'
+    prediction: str = "velocity"  # what the network outputs: 'velocity' | 'score' | 'noise'
+    loss_weight: str = "none"  # score / noise prediction only: 'none' | 'velocity' | 'likelihood'
+    time_dist: str = "uniform"  # training t: 'uniform' | 'logit_normal'
+    logit_normal_mean: float = 0.0  # t = sigmoid(mean + std * n); mean > 0 leans toward data (t = 1)
+    logit_normal_std: float = 1.0
+    train_eps: float | None = None  # training t avoids the unstable end(s) by this; None = SiT's rule
+    sample_eps: float | None = None  # same at sampling; None = SiT's rule
+
+    def __post_init__(self):
+        _check_choice("TransportConfig", "path", self.path, PATHS)
+        _check_choice("TransportConfig", "prediction", self.prediction, PREDICTIONS)
+        _check_choice("TransportConfig", "loss_weight", self.loss_weight, LOSS_WEIGHTS)
+        _check_choice("TransportConfig", "time_dist", self.time_dist, TIME_DISTS)
+        if self.prediction == "velocity" and self.loss_weight != "none":
+            raise ValueError(
+                f"TransportConfig.loss_weight={self.loss_weight!r} has no effect with prediction='velocity' "
+                "(the velocity loss is already velocity-weighted); use loss_weight='none'"
+            )
+        if not self.logit_normal_std > 0:
+            raise ValueError(f"TransportConfig.logit_normal_std={self.logit_normal_std!r} must be > 0")
+        for name in ("train_eps", "sample_eps"):
+            eps = getattr(self, name)
+            if eps is not None and not 0.0 <= eps < 0.5:
+                raise ValueError(f"TransportConfig.{name}={eps!r} must be in [0, 0.5), or None (SiT's rule)")
+
+
+# Paths: each returns (alpha, d_alpha, sigma, d_sigma) and the stable ratio alpha' / alpha.
+def _linear(t):
+    return t, torch.ones_like(t), 1 - t, -torch.ones_like(t)
+
+
+def _gvp(t):
+    half_pi = math.pi / 2
+    return (torch.sin(half_pi * t), half_pi * torch.cos(half_pi * t),
+            torch.cos(half_pi * t), -half_pi * torch.sin(half_pi * t))
+
+
+def _vp_log_alpha(t):
+    return -0.25 * (1 - t) ** 2 * (VP_SIGMA_MAX - VP_SIGMA_MIN) - 0.5 * (1 - t) * VP_SIGMA_MIN
+
+
+def _vp_dlog_alpha(t):
+    return 0.5 * (1 - t) * (VP_SIGMA_MAX - VP_SIGMA_MIN) + 0.5 * VP_SIGMA_MIN
+
+
+def _vp(t):
+    alpha = torch.exp(_vp_log_alpha(t))
+    sigma = torch.sqrt(1 - alpha**2)  # variance preserving: alpha^2 + sigma^2 = 1
+    d_alpha = alpha * _vp_dlog_alpha(t)
+    return alpha, d_alpha, sigma, -alpha * d_alpha / sigma
+
+
+_PATH_FNS = {"linear": _linear, "gvp": _gvp, "vp": _vp}
+_DLOG_ALPHA = {
+    "linear": lambda t: 1 / t,
+    "gvp": lambda t: (math.pi / 2) / torch.tan(math.pi / 2 * t),
+    "vp": _vp_dlog_alpha,
+}
+
+
+def _expand(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(B,) times -> (B, 1, ..., 1), broadcastable against x."""
+    return t.reshape(-1, *([1] * (x.ndim - 1))).to(x.dtype)
+
+
+class Transport:
+    """Path + prediction + training-time sampling, from a TransportConfig."""
+
+    def __init__(self, cfg: TransportConfig | None = None):
+        self.cfg = cfg = cfg or TransportConfig()
+        # SiT's end-point rule: VP is unstable at t = 1; score / noise are unstable at both ends of
+        # linear and GVP; velocity on linear and GVP is stable everywhere. None means the rule's value.
+        if cfg.path == "vp":
+            default_train, default_sample = 1e-5, 1e-3
+        elif cfg.prediction != "velocity":
+            default_train, default_sample = 1e-3, 1e-3
+        else:
+            default_train, default_sample = 0.0, 0.0
+        self.train_eps = default_train if cfg.train_eps is None else cfg.train_eps
+        self.sample_eps = default_sample if cfg.sample_eps is None else cfg.sample_eps
+
+    # Path coefficients.
+    def coefficients(self, t: torch.Tensor):
+        """(alpha_t, alpha'_t, sigma_t, sigma'_t), each shaped like t."""
+        return _PATH_FNS[self.cfg.path](t)
+
+    def dlog_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        """alpha'_t / alpha_t, computed stably (infinite at t = 0 for linear and GVP)."""
+        return _DLOG_ALPHA[self.cfg.path](t)
+
+    def score_coef(self, t: torch.Tensor) -> torch.Tensor:
+        """lambda_t with velocity = dlog_alpha_t * x + lambda_t * score (SiT's `compute_drift` variance)."""
+        _, _, sigma, d_sigma = self.coefficients(t)
+        return self.dlog_alpha(t) * sigma**2 - sigma * d_sigma
+
+    # Time intervals.
+    def interval(self, *, sde: bool = False, sbdm: bool = False, last_step_size: float = 0.0):
+        """[t0, t1] for sampling (SiT's `check_interval`, eval=True). last_step_size: the SDE's final
+        deterministic step, taken from t1 to 1 (0 = none)."""
+        eps = self.sample_eps
+        if self.cfg.path == "vp":
+            return 0.0, (1 - last_step_size if sde and last_step_size > 0 else 1 - eps)
+        if self.cfg.prediction == "velocity" and not sde:
+            return 0.0, 1.0
+        # The SBDM coefficient is infinite at t = 0: keep it at least SBDM_MIN_T away.
+        t0 = max(eps, SBDM_MIN_T) if sbdm else (eps if self.cfg.prediction != "velocity" else 0.0)
+        return t0, (1 - last_step_size if sde and last_step_size > 0 else 1 - eps)
+
+    def train_interval(self):
+        eps = self.train_eps
+        if self.cfg.path == "vp":
+            return 0.0, 1 - eps
+        if self.cfg.prediction != "velocity":
+            return eps, 1 - eps
+        return 0.0, 1.0
+
+    def sample_t(self, n: int, device=None, dtype=torch.float32, generator=None) -> torch.Tensor:
+        """n training times in the training interval (generator None = the global torch RNG)."""
+        t0, t1 = self.train_interval()
+        kw = dict(device=device, dtype=dtype, generator=generator)
+        if self.cfg.time_dist == "uniform":
+            u = torch.rand(n, **kw)
+        else:
+            u = torch.sigmoid(self.cfg.logit_normal_mean + self.cfg.logit_normal_std * torch.randn(n, **kw))
+        return t0 + (t1 - t0) * u
+
+    def interpolate(self, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor):
+        """(x_t, u_t): the point on the path and the conditional velocity target."""
+        alpha, d_alpha, sigma, d_sigma = (_expand(c, x1) for c in self.coefficients(t))
+        # Time runs from noise (t = 0, x_t = x0) to data (t = 1, x_t = x1): the reverse of DDPM's t.
+        return alpha * x1 + sigma * x0, d_alpha * x1 + d_sigma * x0
+
+    # Conversions of the model's prediction (whichever cfg.prediction is) into each field.
+    def velocity(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        p = self.cfg.prediction
+        if p == "velocity":
+            return model_out
+        score = model_out if p == "score" else -model_out / _expand(self.coefficients(t)[2], x)
+        return _expand(self.dlog_alpha(t), x) * x + _expand(self.score_coef(t), x) * score
+
+    def noise(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        p = self.cfg.prediction
+        alpha, d_alpha, sigma, d_sigma = (_expand(c, x) for c in self.coefficients(t))
+        if p == "noise":
+            return model_out
+        if p == "score":
+            return -sigma * model_out
+        # From x = alpha E[x1|x] + sigma eps and v = alpha' E[x1|x] + sigma' eps (no division by alpha').
+        return (alpha * model_out - d_alpha * x) / (alpha * d_sigma - d_alpha * sigma)
+
+    def score(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.cfg.prediction == "score":
+            return model_out
+        return -self.noise(model_out, x, t) / _expand(self.coefficients(t)[2], x)
+
+    # Training.
+    def loss(self, model, x1: torch.Tensor, y: torch.Tensor | None, *,
+             t: torch.Tensor | None = None,      # (B,) training times; None = sample_t from the global RNG
+             noise: torch.Tensor | None = None,  # x0 like x1; None = randn_like(x1) from the global RNG
+             ) -> torch.Tensor:
+        """Per-sample loss (B,): the mean over all non-batch dims, in x1's dtype and device."""
+        x0 = torch.randn_like(x1) if noise is None else noise.to(x1)
+        t = self.sample_t(x1.shape[0], device=x1.device, dtype=x1.dtype) if t is None else t.to(x1)
+        xt, ut = self.interpolate(x0, x1, t)
+        out = model(xt, t, y)
+        dims = tuple(range(1, x1.ndim))
+        if self.cfg.prediction == "velocity":
+            return ((out - ut) ** 2).mean(dims)
+        # Score / noise: SiT's weights, in terms of lambda_t and sigma_t.
+        sigma = self.coefficients(t)[2]
+        weight = {
+            "none": torch.ones_like(t),
+            "velocity": (self.score_coef(t) / sigma) ** 2,
+            "likelihood": self.score_coef(t) / sigma**2,
+        }[self.cfg.loss_weight]
+        if self.cfg.prediction == "noise":
+            err = ((out - x0) ** 2).mean(dims)
+        else:
+            err = ((out * _expand(sigma, x1) + x0) ** 2).mean(dims)  # sigma_t * score = -eps
+        return weight * err
+

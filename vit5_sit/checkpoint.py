@@ -1,4 +1,4 @@
-"""Find and load models for sampling and evaluation: our runs and checkpoints, the bundled demo, official SiT files.
+"""Find and load models for sampling and evaluation: our runs and checkpoints, the demo, official SiT files.
 
 Accepted paths:
 - a run folder (``runs/NAME``, holding ``config.yaml`` and ``checkpoints/``): its newest valid checkpoint;
@@ -16,8 +16,8 @@ import torch
 from vit5_sit.config import ExperimentConfig, load_config
 from vit5_sit.models import DiT, create_model, load_official_state_dict, model_config
 from vit5_sit.train.checkpoint import (
-    CheckpointError,
     Checkpoint,
+    CheckpointError,
     latest_valid_checkpoint,
     list_checkpoints,
     verify_checkpoint,
@@ -61,8 +61,8 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
         "checkpoints/ or with ema.safetensors / model.safetensors beside it)")
 
 
-def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None, overrides: dict | None = None,
-                      use_ema: bool = True, device: torch.device | str = "cpu",
+def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None,
+                      overrides: dict | None = None, use_ema: bool = True, device: torch.device | str = "cpu",
                       ) -> tuple[DiT, ExperimentConfig | None]:
     """A model in eval mode on ``device``, and its experiment config (None for official files)."""
     from safetensors.torch import load_file
@@ -95,3 +95,25 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
 def run_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
     """The checkpoints of a run, oldest first, for evaluating a whole run."""
     return list_checkpoints(run_dir)
+
+
+def model_identity(path: str | Path | None = None, preset: str | None = None) -> dict:
+    """What a model was loaded from, for the manifests of mass sampling: samples made from other weights
+    are never mixed in. A checkpoint folder is named by its weights' sha256 (from meta.json, so copying the
+    run keeps it); other files by path, size and modification time."""
+    import json
+
+    path = Path(path) if path is not None else DEMO_MODEL
+    if path.is_file():
+        st = path.stat()
+        return {"weights": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "preset": preset or "SiT-XL/2"}
+    folder, config_path = resolve_checkpoint(path)
+    weights = _weights_in(folder, True)
+    meta = folder / "meta.json"
+    if meta.is_file() and weights is not None:
+        files = json.loads(meta.read_text()).get("files", {})
+        if weights.name in files:
+            return {"weights": weights.name, "sha256": files[weights.name]["sha256"]}
+    st = weights.stat()
+    return {"weights": str(weights.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}

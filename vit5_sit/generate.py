@@ -1,12 +1,20 @@
-"""Class-conditional sampling of a trained model: image batches, PNG grids (mass sampling: see below).
+"""Class-conditional sampling of a trained model: image batches, PNG grids, resumable mass sampling to .npz.
 
 Noise is seeded per sample (one generator per seed), so the image a seed gives does not depend on the
-batch size or on the number of processes.
+batch size or on the number of processes (adaptive ODE solvers excepted: their step sizes are shared by a
+batch). Mass sampling (`sample_to_npz`) relies on this: sample i has seed ``seed + i`` wherever and
+whenever it is drawn, so an interrupted run that is started again produces exactly the same file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import io
+import json
+import os
+import shutil
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +28,10 @@ from vit5_sit.transport import (
     Transport,
     sample,
 )
-from vit5_sit.utils import atomic_write_bytes
+from vit5_sit.utils import atomic_write_bytes, atomic_write_text
+
+PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
+GRID_MIN_CELL = 64     # labelled grids enlarge smaller images (nearest neighbour) to at least this size
 
 
 def to_uint8(x: torch.Tensor) -> np.ndarray:
@@ -37,10 +48,11 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
                   cfg_scale: float = 1.0,                    # classifier-free guidance; 1 = none
                   guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
                   guide_channels: int | None = None,         # None = all; 3 = official SiT behaviour
-                  vae=None,                                  # None (pixel model), a name/path, or a loaded VAE
+                  vae=None,                                  # None (pixel model), name/path, or loaded VAE
                   image_size: int | None = None,             # model input size; None = trained size
                   batch_size: int = 64,
                   device: torch.device | str = "cpu",
+                  on_batch: Callable[[int], None] | None = None,  # called with each batch's image count
                   ) -> np.ndarray:
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3)."""
     if len(classes) != len(seeds):
@@ -69,6 +81,8 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
 
             x = decode(vae, x)
         out.append(to_uint8(x))
+        if on_batch is not None:
+            on_batch(len(batch_seeds))
     return np.concatenate(out)
 
 
@@ -79,7 +93,8 @@ def make_grid(images: np.ndarray, ncol: int, pad: int = 2) -> np.ndarray:
     grid = np.full((nrow * (h + pad) + pad, ncol * (w + pad) + pad, c), 255, dtype=np.uint8)
     for i, img in enumerate(images):
         r, col = divmod(i, ncol)
-        grid[pad + r * (h + pad):pad + r * (h + pad) + h, pad + col * (w + pad):pad + col * (w + pad) + w] = img
+        top, left = pad + r * (h + pad), pad + col * (w + pad)
+        grid[top:top + h, left:left + w] = img
     return grid
 
 
@@ -97,3 +112,248 @@ def save_grid(images: np.ndarray, path: str | Path, ncol: int, scale: int = 1) -
     img.save(buf, format="PNG")
     atomic_write_bytes(path, buf.getvalue())
     return Path(path)
+
+
+def save_labelled_grid(images: np.ndarray, path: str | Path, ncol: int, row_labels: Sequence[str],
+                       scale: int | None = None) -> Path:
+    """A PNG grid with a label left of each row (PIL's default font), written atomically.
+
+    ``scale`` None enlarges images smaller than GRID_MIN_CELL pixels by an integer factor. The image part
+    is `make_grid` of the scaled images, right-aligned; the label column is as wide as the longest label.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    n, h, w, _ = images.shape
+    nrow = -(-n // ncol)
+    if len(row_labels) != nrow:
+        raise ValueError(f"{len(row_labels)} row labels for {nrow} rows of {ncol} images")
+    scale = scale or max(1, -(-GRID_MIN_CELL // max(h, w)))
+    if scale > 1:
+        images = images.repeat(scale, axis=1).repeat(scale, axis=2)
+    grid = make_grid(images, ncol)
+    cell = h * scale
+    try:
+        font = ImageFont.load_default(size=max(10, min(20, cell // 4)))
+    except TypeError:  # Pillow without FreeType: the fixed bitmap font
+        font = ImageFont.load_default()
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    boxes = [probe.textbbox((0, 0), label, font=font) for label in row_labels]
+    margin = 6
+    label_w = max(b[2] for b in boxes) + 2 * margin
+    img = Image.new("RGB", (label_w + grid.shape[1], grid.shape[0]), (255, 255, 255))
+    img.paste(Image.fromarray(grid), (label_w, 0))
+    draw = ImageDraw.Draw(img)
+    pad = 2  # make_grid's padding
+    for r, (label, box) in enumerate(zip(row_labels, boxes)):
+        y = pad + r * (cell + pad) + (cell - (box[3] - box[1])) // 2 - box[1]
+        draw.text((margin, y), label, fill=(0, 0, 0), font=font)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    atomic_write_bytes(path, buf.getvalue())
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mass sampling for FID: fixed parts of seeds, written atomically, assembled into ADM's .npz layout.
+
+class SamplingStateError(RuntimeError):
+    """Part files made with other settings, or unreadable ones; the message says what to do."""
+
+
+def parts_dir(out: str | Path) -> Path:
+    """Where `sample_to_npz` keeps its part files: ``samples.npz`` -> ``samples.npz.parts/``."""
+    out = Path(out)
+    return out.with_name(out.name + ".parts")
+
+
+def manifest_path(out: str | Path) -> Path:
+    """The settings a finished .npz was made with: ``samples.npz`` -> ``samples.npz.json``."""
+    out = Path(out)
+    return out.with_name(out.name + ".json")
+
+
+def sample_labels(num_samples: int, classes: Sequence[int]) -> np.ndarray:
+    """Sample i gets class ``classes[i % len(classes)]`` (all classes in turn: balanced)."""
+    classes = np.asarray(list(classes), dtype=np.int64)
+    return classes[np.arange(num_samples) % len(classes)]
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=lambda o: dataclasses.asdict(o) if dataclasses.is_dataclass(o)
+                                 else str(o)))
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k)!r} (existing) vs {b.get(k)!r} (now)" for k in keys if a.get(k) != b.get(k)]
+
+
+def npz_is_complete(out: str | Path, manifest: dict) -> bool:
+    """True if ``out`` exists and its manifest says it was made with exactly these settings."""
+    out, mpath = Path(out), manifest_path(out)
+    if not (out.is_file() and mpath.is_file()):
+        return False
+    try:
+        return json.loads(mpath.read_text()) == _jsonable(manifest)
+    except json.JSONDecodeError:
+        return False
+
+
+def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_samples: int,
+                      classes: Sequence[int] | None = None, seed: int = 0, part_size: int = PART_SIZE,
+                      cfg_scale: float = 1.0, guidance_interval: tuple[float, float] = (0.0, 1.0),
+                      guide_channels: int | None = None, vae=None, image_size: int | None = None,
+                      identity: dict | None = None) -> dict:
+    """Everything that decides the images of `sample_to_npz` (not the batch size, not the process count).
+
+    Computable without loading the model (model_cfg is its ModelConfig), so callers can skip the loading
+    when ``npz_is_complete(out, manifest)``.
+    """
+    classes = list(range(model_cfg.num_classes)) if classes is None else [int(c) for c in classes]
+    vae_name = None if vae is None else vae if isinstance(vae, str | Path) else type(vae).__name__
+    return _jsonable({
+        "num_samples": num_samples, "seed": seed, "classes": classes, "part_size": part_size,
+        "sampler": sampler, "transport": transport_cfg, "cfg_scale": cfg_scale,
+        "guidance_interval": list(guidance_interval), "guide_channels": guide_channels,
+        "image_size": image_size or model_cfg.input_size, "vae": vae_name, "model": identity or {},
+    })
+
+
+def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
+                  num_samples: int,
+                  classes: Sequence[int] | None = None,  # cycled over the samples; None = all classes
+                  seed: int = 0,                          # sample i has seed `seed + i`
+                  part_size: int = PART_SIZE,             # images per part file; fixed for a run
+                  batch_size: int = 64,                   # images per forward on each process
+                  cfg_scale: float = 1.0,
+                  guidance_interval: tuple[float, float] = (0.0, 1.0),
+                  guide_channels: int | None = None,
+                  vae=None,                               # None (pixel model), a name/path, or a loaded VAE
+                  image_size: int | None = None,          # model input size; None = trained size
+                  device: torch.device | str | None = None,  # None = this process's device
+                  identity: dict | None = None,           # which model (checkpoint, sha256): for the manifest
+                  max_parts: int | None = None,           # stop after this many new parts (time-limited jobs)
+                  keep_parts: bool = False,               # keep the part files after assembling the .npz
+                  progress: bool = True,
+                  ) -> Path | None:
+    """Sample ``num_samples`` images into ``out`` (ADM layout: arr_0 uint8 N x H x W x 3, arr_1 int64 labels).
+
+    Collective: under `accelerate launch` every process calls it and takes its share of the missing parts.
+    Part k (samples ``[k * part_size, (k + 1) * part_size)``) is written atomically to
+    ``out.parts/part_K.npz``; parts already there are skipped, so an interrupted run continues where it
+    stopped and gives the file an uninterrupted one would. The settings are recorded in
+    ``out.parts/manifest.json`` (and, once finished, ``out.json``); parts made with other settings are an
+    error, not silently mixed in. Returns ``out`` once it is complete, None if ``max_parts`` stopped it early.
+    """
+    from tqdm.auto import tqdm
+
+    from vit5_sit import distributed as dist
+
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}: must be at least 1")
+    if part_size < 1:
+        raise ValueError(f"part_size={part_size}: must be at least 1")
+    out = Path(out)
+    cfg = model.cfg
+    classes = list(range(cfg.num_classes)) if classes is None else [int(c) for c in classes]
+    manifest = sampling_manifest(
+        cfg, transport.cfg, sampler, num_samples=num_samples, classes=classes, seed=seed, part_size=part_size,
+        cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae,
+        image_size=image_size, identity=identity)
+    if npz_is_complete(out, manifest):
+        dist.print0(f"{out}: already complete ({num_samples} images with these settings)")
+        return out
+
+    parts = parts_dir(out)
+    num_parts = -(-num_samples // part_size)
+    part_file = [parts / f"part_{k:06d}.npz" for k in range(num_parts)]
+    mpath = parts / "manifest.json"
+    if mpath.is_file():  # checked by every process, so that all of them stop
+        old = json.loads(mpath.read_text())
+        if old != manifest:
+            diff = "; ".join(_differences(old, manifest))
+            raise SamplingStateError(
+                f"{parts} holds parts made with other settings ({diff}); delete that folder to start "
+                "over, or write to another output file")
+    elif dist.is_main():
+        atomic_write_text(mpath, json.dumps(manifest, indent=1))
+    dist.barrier()
+    missing = [k for k in range(num_parts) if not part_file[k].is_file()]
+    dist.barrier()  # every process has listed the parts before any writes a new one
+    mine = missing[dist.rank()::dist.world_size()]
+    if max_parts is not None:
+        mine = mine[:max_parts]
+
+    device = dist.device() if device is None else torch.device(device)
+    if isinstance(vae, str | Path):
+        from vit5_sit.data.vae import load_vae
+
+        vae = load_vae(str(vae), device=device)
+    labels = sample_labels(num_samples, classes)
+    bar = tqdm(total=sum(min(part_size, num_samples - k * part_size) for k in mine), unit="img",
+               desc=f"sampling (process 0 of {dist.world_size()})" if dist.world_size() > 1 else "sampling",
+               disable=not (progress and dist.is_main()), dynamic_ncols=True)
+    for k in mine:
+        lo, hi = k * part_size, min((k + 1) * part_size, num_samples)
+        seeds = list(range(seed + lo, seed + hi))
+        images = sample_images(model, transport, sampler, labels[lo:hi].tolist(), seeds, cfg_scale=cfg_scale,
+                               guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae,
+                               image_size=image_size, batch_size=batch_size, device=device,
+                               on_batch=bar.update)
+        buf = io.BytesIO()
+        np.savez(buf, images=images, labels=labels[lo:hi], seeds=np.asarray(seeds, dtype=np.int64))
+        atomic_write_bytes(part_file[k], buf.getvalue())
+    bar.close()
+    dist.barrier()
+    if max_parts is not None and any(not f.is_file() for f in part_file):
+        return None
+    if dist.is_main():
+        manifest_path(out).unlink(missing_ok=True)  # an older file's manifest must not describe the new one
+        _assemble(part_file, out, num_samples, labels)
+        atomic_write_text(manifest_path(out), json.dumps(manifest, indent=1))
+        if not keep_parts:
+            shutil.rmtree(parts, ignore_errors=True)
+    dist.barrier()
+    return out
+
+
+def _assemble(part_files: list[Path], out: Path, num_samples: int, labels: np.ndarray) -> None:
+    """Concatenate the parts into ``out`` (arr_0, arr_1) atomically, one part in memory at a time."""
+    first = _read_part(part_files[0])[0]
+    shape = (num_samples, *first.shape[1:])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(
+                    f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                        "shape": shape})
+                written = 0
+                for path in part_files:
+                    images, part_labels = _read_part(path)
+                    expect = labels[written:written + len(images)]
+                    if images.shape[1:] != shape[1:] or not np.array_equal(part_labels, expect):
+                        raise SamplingStateError(
+                            f"{path}: does not match the other parts (image shape {images.shape[1:]} or "
+                            "labels differ); delete it and run again")
+                    f.write(np.ascontiguousarray(images).tobytes())
+                    written += len(images)
+            if written != num_samples:
+                raise SamplingStateError(f"{out}: the parts hold {written} images, expected {num_samples}")
+            with zf.open("arr_1.npy", "w") as f:
+                np.lib.format.write_array(f, labels.astype(np.int64))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return data["images"], data["labels"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise SamplingStateError(f"{path}: unreadable part file ({e}); delete it and run again") from None

@@ -1,0 +1,302 @@
+"""sample.py: labelled grids, per-sample seeds, resumable mass sampling to ADM's .npz, ImageNet class names,
+and input mistakes that exit with code 2 and a message naming the flag."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import vit5_sit.generate as generate
+from vit5_sit.classes import ClassSpecError, class_label, imagenet_synonyms, parse_classes
+from vit5_sit.config import load_config, save_config
+from vit5_sit.models import create_model
+from vit5_sit.train.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """A CLI script at the repository root as a module (the root need not be on sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sample = load_script("sample")
+TINY = ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=3"]
+
+
+def _tiny_state(seed: int) -> tuple:
+    cfg = load_config(None, TINY)
+    torch.manual_seed(seed)
+    model = create_model(cfg.model_config())
+    with torch.no_grad():  # a fresh DiT outputs zeros (adaLN-Zero): perturb it so that classes differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return cfg, {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A model folder: config.yaml beside ema.safetensors (the layout of the bundled demo)."""
+    folder = tmp_path_factory.mktemp("model")
+    cfg, state = _tiny_state(0)
+    save_config(cfg, folder / "config.yaml")
+    save_file(state, str(folder / "ema.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A run folder with two checkpoints; the newest has the weights of `model_dir`."""
+    run = tmp_path_factory.mktemp("run")
+    cfg, old = _tiny_state(1)
+    _, new = _tiny_state(0)
+    save_config(cfg, run / "config.yaml")
+    save_checkpoint(run, 10, old, old, {"optimizer": {}})
+    save_checkpoint(run, 20, new, new, {"optimizer": {}})
+    return run
+
+
+def _run(*args) -> int:
+    return sample.main([str(a) for a in args])
+
+
+def _images(folder: Path) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(p)) for p in sorted(folder.glob("*.png"))])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grids and per-sample seeds.
+
+def test_grid_is_labelled_and_holds_the_images(model_dir, tmp_path):
+    out, imgs = tmp_path / "grid.png", tmp_path / "imgs"
+    assert _run("--ckpt", model_dir, "--classes", "0,3", "--per-class", 3, "--seed", 5, "--out", out,
+                "--save-images", imgs, "--no-progress") == 0
+    grid = np.asarray(Image.open(out).convert("RGB"))
+    names = sorted(p.name for p in imgs.glob("*.png"))
+    assert names == [f"seed{s:06d}_class{c:04d}.png" for s, c in
+                     [(5, 0), (6, 0), (7, 0), (8, 3), (9, 3), (10, 3)]]
+    # 8x8 images are enlarged 8x to 64 px cells, 2 px apart; the label column sits left of the images.
+    cell, pad = 64, 2
+    assert grid.shape[0] == 2 * (cell + pad) + pad
+    image_part = generate.make_grid(_images(imgs).repeat(8, axis=1).repeat(8, axis=2), ncol=3)
+    assert grid.shape[1] > image_part.shape[1] + 20  # room for "class 3"
+    np.testing.assert_array_equal(grid[:, -image_part.shape[1]:], image_part)
+    label_column = grid[:, :-image_part.shape[1]]
+    assert (label_column < 128).any(), "no label drawn"
+
+
+def test_same_seed_same_images_other_seed_other_images(model_dir, tmp_path):
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        assert _run("--ckpt", model_dir, "--classes", "2", "--per-class", 4, "--seed", seed,
+                    "--out", tmp_path / f"{name}.png", "--save-images", tmp_path / name) == 0
+    a, b, c = (_images(tmp_path / n) for n in "abc")
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    # seed s gives the same image wherever it stands: seeds 1..3 of run a are seeds 0..2 of run c
+    np.testing.assert_array_equal(a[1:], c[:3])
+
+
+@pytest.mark.parametrize("sampler", ["ode", "sde"])
+def test_images_do_not_depend_on_batch_size(model_dir, tmp_path, sampler):
+    for bs in (1, 4):
+        assert _run("--ckpt", model_dir, "--classes", "1,7", "--per-class", 3, "--sampler", sampler,
+                    "--batch-size", bs, "--out", tmp_path / f"{bs}.png",
+                    "--save-images", tmp_path / str(bs)) == 0
+    one, four = _images(tmp_path / "1"), _images(tmp_path / "4")
+    assert len(one) == 6
+    np.testing.assert_array_equal(one, four)
+
+
+def test_run_folder_samples_its_newest_checkpoint(model_dir, run_dir, tmp_path):
+    args = ["--classes", "4", "--per-class", 2]
+    assert _run("--ckpt", run_dir, *args, "--out", tmp_path / "r.png", "--save-images", tmp_path / "run") == 0
+    assert _run("--ckpt", model_dir, *args, "--out", tmp_path / "m.png", "--save-images", tmp_path / "m") == 0
+    np.testing.assert_array_equal(_images(tmp_path / "run"), _images(tmp_path / "m"))
+
+
+def test_other_image_size(model_dir, tmp_path):
+    assert _run("--ckpt", model_dir, "--classes", "0", "--per-class", 1, "--image-size", 16,
+                "--out", tmp_path / "g.png", "--save-images", tmp_path / "i") == 0
+    assert _images(tmp_path / "i").shape == (1, 16, 16, 3)
+
+
+def test_no_arguments_samples_the_demo(model_dir, tmp_path, monkeypatch):
+    import vit5_sit.checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(vit5_sit.checkpoint, "DEMO_MODEL", model_dir)
+    assert _run() == 0
+    grid = Image.open(tmp_path / "samples.png")
+    assert grid.height == 10 * (64 + 2) + 2  # all ten classes, one row each
+
+
+def test_missing_demo_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    import vit5_sit.checkpoint
+
+    monkeypatch.setattr(vit5_sit.checkpoint, "DEMO_MODEL", tmp_path / "no-demo")
+    assert _run() == 2
+    err = capsys.readouterr().err
+    assert "demo model is missing" in err and "--ckpt" in err
+
+
+@pytest.mark.skipif(not (ROOT / "vit5_sit/assets/demo/config.yaml").is_file(), reason="no bundled demo yet")
+def test_bundled_demo(tmp_path):
+    assert _run("--out", tmp_path / "demo.png", "--no-progress") == 0
+    assert Image.open(tmp_path / "demo.png").width > 100
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mass sampling.
+
+NPZ_ARGS = ["--num-samples", 22, "--part-size", 6, "--batch-size", 4, "--seed", 3, "--no-progress"]
+
+
+def test_npz_adm_layout_balanced_labels(model_dir, tmp_path):
+    out = tmp_path / "s.npz"
+    assert _run("--ckpt", model_dir, "--out", out, *NPZ_ARGS) == 0
+    with np.load(out) as data:
+        assert sorted(data.files) == ["arr_0", "arr_1"]
+        images, labels = data["arr_0"], data["arr_1"]
+    assert images.dtype == np.uint8 and images.shape == (22, 8, 8, 3)
+    assert labels.dtype == np.int64
+    np.testing.assert_array_equal(labels, np.arange(22) % 10)
+    assert not generate.parts_dir(out).exists(), "parts are removed once the .npz is written"
+    # image i has seed 3 + i: the grid path gives the same pixels for seed 5 (i = 2, class 2)
+    assert _run("--ckpt", model_dir, "--classes", "2", "--per-class", 1, "--seed", 5,
+                "--out", tmp_path / "g.png", "--save-images", tmp_path / "one") == 0
+    np.testing.assert_array_equal(_images(tmp_path / "one")[0], images[2])
+
+
+def test_npz_classes_are_cycled(model_dir, tmp_path):
+    out = tmp_path / "s.npz"
+    assert _run("--ckpt", model_dir, "--out", out, "--classes", "7,2", "--num-samples", 5) == 0
+    np.testing.assert_array_equal(np.load(out)["arr_1"], [7, 2, 7, 2, 7])
+
+
+def test_interrupted_mass_sampling_resumes_to_the_same_file(model_dir, tmp_path, monkeypatch):
+    full = tmp_path / "full.npz"
+    assert _run("--ckpt", model_dir, "--out", full, *NPZ_ARGS) == 0
+
+    # Interrupt the second run after two of its four parts (Ctrl-C during the third).
+    out = tmp_path / "resumed.npz"
+    real = generate.sample_images
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(len(args[4]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "sample_images", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run("--ckpt", model_dir, "--out", out, *NPZ_ARGS)
+    assert not out.exists()
+    assert sorted(p.name for p in generate.parts_dir(out).glob("part_*.npz")) == ["part_000000.npz",
+                                                                                  "part_000001.npz"]
+
+    # Started again (with another batch size), it samples only the two missing parts.
+    calls.clear()
+    monkeypatch.setattr(generate, "sample_images", lambda *a, **k: calls.append(len(a[4])) or real(*a, **k))
+    args = [a if a != 4 else 3 for a in NPZ_ARGS]
+    assert _run("--ckpt", model_dir, "--out", out, *args) == 0
+    assert calls == [6, 4]
+    with np.load(full) as a, np.load(out) as b:
+        np.testing.assert_array_equal(a["arr_0"], b["arr_0"])
+        np.testing.assert_array_equal(a["arr_1"], b["arr_1"])
+
+    # Done: a third run does nothing.
+    calls.clear()
+    assert _run("--ckpt", model_dir, "--out", out, *NPZ_ARGS) == 0
+    assert calls == []
+
+
+def test_parts_from_other_settings_are_not_mixed_in(model_dir, tmp_path, capsys):
+    out = tmp_path / "s.npz"
+    cfg, state = _tiny_state(0)
+    model = create_model(cfg.model_config())
+    model.load_state_dict(state)
+    from vit5_sit.transport import Transport
+
+    written = generate.sample_to_npz(model, Transport(cfg.transport), cfg.sampler, out, num_samples=12,
+                                     part_size=6, max_parts=1, progress=False)
+    assert written is None  # stopped after one part
+    rc = _run("--ckpt", model_dir, "--out", out, "--num-samples", 12, "--part-size", 6, "--cfg-scale", 2)
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--out:" in err and "other settings" in err and "cfg_scale" in err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Class names.
+
+def test_imagenet_class_list():
+    names = imagenet_synonyms()
+    assert len(names) == 1000
+    spot = {0: "tench", 1: "goldfish", 207: "golden retriever", 281: "tabby", 291: "lion", 292: "tiger",
+            360: "otter", 388: "giant panda", 417: "balloon", 574: "golf ball", 948: "Granny Smith",
+            980: "volcano", 999: "toilet tissue"}
+    for i, name in spot.items():
+        assert names[i][0] == name
+    assert all("," not in n for syn in names for n in syn), "--classes splits on commas"
+    assert class_label(207, 1000) == "207 golden retriever"
+    assert class_label(3, 10) == "class 3"
+
+
+def test_parse_classes():
+    assert parse_classes("golden retriever, GOLDFISH,0-2,Carassius auratus", 1000) == [207, 1, 0, 1, 2, 1]
+    assert parse_classes("crayfish", 1000) == [124]  # also a synonym of 123; the class it names first wins
+    with pytest.raises(ClassSpecError, match="nearest: 'golden retriever' \\(207\\)"):
+        parse_classes("golden retreiver", 1000)
+    with pytest.raises(ClassSpecError, match="ambiguous.*134.*517"):
+        parse_classes("crane", 1000)
+    with pytest.raises(ClassSpecError, match="out of range.*0-9"):
+        parse_classes("3,10", 10)
+    with pytest.raises(ClassSpecError, match="only for 1000-class"):
+        parse_classes("goldfish", 10)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Input mistakes: exit code 2, one line naming the flag, no traceback.
+
+@pytest.mark.parametrize("args, message", [
+    (["--ckpt", "{tmp}/nope"], "--ckpt: no such file or folder: {tmp}/nope"),
+    (["--classes", "dog"], "--classes: class 'dog': names are known only for 1000-class ImageNet models"),
+    (["--classes", "12"], "--classes: class id 12 out of range"),
+    (["--image-size", "10"], "--image-size 10: this model needs a multiple of 4"),
+    (["--out", "x.jpg"], "--out x.jpg: expected a .png grid or a .npz"),
+    (["--vae", "stabilityai/sd-vae-ft-ema"], "--vae: this model works on pixels"),
+    (["--sampler", "sde", "--method", "dopri5"], "--sampler/--method/--steps:"),
+    (["--num-samples", "5"], "--num-samples/--part-size: for .npz outputs"),
+    (["--preset", "SiT-XL/2"], "--preset: applies to official .pt files only"),
+    (["--guidance-interval", "0.8", "0.2"], "--guidance-interval 0.8 0.2"),
+])
+def test_bad_inputs(model_dir, tmp_path, capsys, args, message):
+    args = [a.format(tmp=tmp_path) for a in args]
+    if "--ckpt" not in args:
+        args += ["--ckpt", str(model_dir)]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "g.png")]
+    assert sample.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.format(tmp=tmp_path) in err
+    assert "Traceback" not in err
+
+
+def test_cli_exit_code_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--ckpt", str(tmp_path / "missing")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: --ckpt: no such file or folder: {tmp_path / 'missing'}"

@@ -1,0 +1,112 @@
+"""Class labels for sampling: ImageNet names, and `--classes` lists of ids, id ranges and names.
+
+A `--classes` value is a comma-separated list of items; each item is a class id (``207``), an id range
+(``0-9``, both ends included) or, for 1000-class (ImageNet) models, a class name matched
+case-insensitively against any synonym in ``assets/imagenet_classes.txt`` (``golden retriever``,
+``Carassius auratus``). No single name contains a comma, so commas always separate items.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from pathlib import Path
+
+IMAGENET_CLASSES_FILE = Path(__file__).parent / "assets" / "imagenet_classes.txt"
+IMAGENET_NUM_CLASSES = 1000
+_RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
+_SAME_NAME = {134: "crane, the bird", 517: "crane, the machine"}  # one name, two classes, no other synonym
+
+
+class ClassSpecError(ValueError):
+    """A class id or name that the model does not have; the message names it and the nearest matches."""
+
+
+@functools.lru_cache(maxsize=1)
+def imagenet_synonyms() -> tuple[tuple[str, ...], ...]:
+    """The synonyms of each ImageNet class, by class id; the first one is the display name."""
+    classes = []
+    for line in IMAGENET_CLASSES_FILE.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        index, _, names = line.partition("\t")
+        if int(index) != len(classes):
+            raise RuntimeError(f"{IMAGENET_CLASSES_FILE}: line for class {index}, expected {len(classes)}")
+        classes.append(tuple(n.strip() for n in names.split(";") if n.strip()))
+    if len(classes) != IMAGENET_NUM_CLASSES:
+        raise RuntimeError(f"{IMAGENET_CLASSES_FILE}: {len(classes)} classes, not {IMAGENET_NUM_CLASSES}")
+    return tuple(classes)
+
+
+def imagenet_name(class_id: int) -> str:
+    return imagenet_synonyms()[class_id][0]
+
+
+def class_label(class_id: int, num_classes: int) -> str:
+    """What a grid row says: ``207 golden retriever`` for ImageNet models, ``class 3`` otherwise."""
+    if num_classes == IMAGENET_NUM_CLASSES:
+        return f"{class_id} {imagenet_name(class_id)}"
+    return f"class {class_id}"
+
+
+def _name_index() -> dict[str, list[int]]:
+    index: dict[str, list[int]] = {}
+    for i, names in enumerate(imagenet_synonyms()):
+        for name in names:
+            ids = index.setdefault(name.lower(), [])
+            if i not in ids:
+                ids.append(i)
+    return index
+
+
+def _lookup_name(name: str) -> int:
+    index = _name_index()
+    key = " ".join(name.lower().split())
+    ids = index.get(key)
+    if ids is None:
+        # Names that contain it ('retriever' -> the retrievers), then similar spellings.
+        contain = [k for k in index if key in k]
+        similar = difflib.get_close_matches(key, list(index), n=5, cutoff=0.6)
+        close = list(dict.fromkeys(contain + similar))[:5]
+        nearest = ", ".join(f"{k!r} ({', '.join(map(str, index[k]))})" for k in close)
+        hint = f"; nearest: {nearest}" if close else ""
+        raise ClassSpecError(f"unknown ImageNet class name {name!r}{hint}. Give a name from "
+                             f"{IMAGENET_CLASSES_FILE.name} or a class id 0-999")
+    if len(ids) > 1:
+        # A name shared by several classes: the class whose display name it is wins (crayfish -> 124).
+        primary = [i for i in ids if imagenet_synonyms()[i][0].lower() == key]
+        if len(primary) == 1:
+            return primary[0]
+        synonyms = imagenet_synonyms()
+        choices = ", ".join(f"{i} ({_SAME_NAME.get(i) or '; '.join(synonyms[i][:3])})" for i in ids)
+        raise ClassSpecError(f"class name {name!r} is ambiguous: it names classes {choices}; give the id")
+    return ids[0]
+
+
+def parse_classes(spec: str, num_classes: int) -> list[int]:
+    """Class ids from a `--classes` value: comma-separated ids, ranges ``a-b`` and (ImageNet) names."""
+    out: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item.isdigit():
+            ids = [int(item)]
+        elif m := _RANGE.match(item):
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if lo > hi:
+                raise ClassSpecError(f"class range {item!r}: start is after end (write {hi}-{lo})")
+            ids = list(range(lo, hi + 1))
+        elif num_classes == IMAGENET_NUM_CLASSES:
+            ids = [_lookup_name(item)]
+        else:
+            raise ClassSpecError(f"class {item!r}: names are known only for 1000-class ImageNet models; this "
+                                 f"model has {num_classes} classes, give ids 0-{num_classes - 1}")
+        for i in ids:
+            if not 0 <= i < num_classes:
+                raise ClassSpecError(f"class id {i} out of range: this model has {num_classes} classes "
+                                     f"(ids 0-{num_classes - 1})")
+        out.extend(ids)
+    if not out:
+        raise ClassSpecError(f"no classes in {spec!r}: give ids or names separated by commas, e.g. 207,360")
+    return out

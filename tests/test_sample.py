@@ -27,6 +27,7 @@ def load_script(name: str):
     """A CLI script at the repository root as a module (the root need not be on sys.path)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -300,3 +301,76 @@ def test_cli_exit_code_without_traceback(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: --ckpt: no such file or folder: {tmp_path / 'missing'}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Latent models: decoded by the run config's VAE, or --vae.
+
+@pytest.fixture(scope="module")
+def latent_model_dir(tmp_path_factory) -> Path:
+    """A latent-space model folder whose config names a tiny random AutoencoderKL (8x downsampling)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before diffusers is imported: never wait on the network
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 8, 8, 8), down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=4,
+                        sample_size=32, norm_num_groups=8)
+    vae_dir = tmp_path_factory.mktemp("vae") / "tiny-vae"
+    vae.save_pretrained(vae_dir)
+    folder = tmp_path_factory.mktemp("latent-model")
+    cfg = load_config(None, ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=64",
+                             "model.num_heads=2", "model.num_classes=5", "data.kind=latents",
+                             "data.resolution=32", f"data.vae={vae_dir}", "sampler.steps=2"])
+    assert (cfg.model_config().input_size, cfg.model_config().in_channels) == (4, 4)
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in create_model(cfg.model_config()).state_dict().items()},
+              str(folder / "ema.safetensors"))
+    return folder
+
+
+def test_latent_model_decodes_with_the_config_vae(latent_model_dir, tmp_path):
+    assert _run("--ckpt", latent_model_dir, "--classes", "0,4", "--per-class", 2, "--out", tmp_path / "g.png",
+                "--save-images", tmp_path / "i") == 0
+    assert _images(tmp_path / "i").shape == (4, 32, 32, 3)
+    # latents of 8 x 8 (64 px) are allowed: a multiple of 8 pixels per latent x patch size 2
+    assert _run("--ckpt", latent_model_dir, "--classes", "1", "--per-class", 1, "--image-size", 64,
+                "--out", tmp_path / "g64.png", "--save-images", tmp_path / "j") == 0
+    assert _images(tmp_path / "j").shape == (1, 64, 64, 3)
+
+
+def test_latent_model_bad_vae_and_size(latent_model_dir, tmp_path, capsys):
+    assert _run("--ckpt", latent_model_dir, "--vae", tmp_path / "no-vae", "--out", tmp_path / "g.png") == 2
+    assert "--vae: could not load VAE" in capsys.readouterr().err
+    assert _run("--ckpt", latent_model_dir, "--image-size", 40, "--out", tmp_path / "g.png") == 2
+    assert "multiple of 16 (8 pixels per latent x patch size 2)" in capsys.readouterr().err
+
+
+def test_official_file_with_imagenet_names(latent_model_dir, tmp_path, capsys):
+    """An official-layout SiT file (raw state dict in a .pt), a preset naming its model, ImageNet names."""
+    official = tmp_path / "SiT-T-2-32x32.pt"
+    torch.save(create_model("SiT-T/2", depth=1, input_size=4).state_dict(), official)
+    vae = load_config(latent_model_dir / "config.yaml").data.vae
+    # The preset is SiT-T/2 at depth 6: the file (depth 1) does not fit, and the error says what differs.
+    assert _run("--ckpt", official, "--preset", "SiT-T/2", "--image-size", 32, "--vae", vae,
+                "--out", tmp_path / "g.png") == 2
+    assert "this file has depth=1" in capsys.readouterr().err
+    # A file that fits the preset.
+    official = tmp_path / "SiT-T-2-full.pt"
+    torch.save(create_model("SiT-T/2", input_size=4).state_dict(), official)
+    assert _run("--ckpt", official, "--preset", "SiT-T/2", "--image-size", 32, "--vae", vae, "--steps", 1,
+                "--classes", "golden retriever,Goldfish", "--per-class", 2, "--out", tmp_path / "g.png",
+                "--save-images", tmp_path / "i") == 0
+    names = sorted(p.name for p in (tmp_path / "i").glob("*.png"))
+    assert names == ["seed000000_class0207.png", "seed000001_class0207.png", "seed000002_class0001.png",
+                     "seed000003_class0001.png"]
+    assert _images(tmp_path / "i").shape == (4, 32, 32, 3)
+    # Its pos_embed is for 32 px (4 x 4 latents): another --image-size is an error that names the field.
+    assert _run("--ckpt", official, "--preset", "SiT-T/2", "--image-size", 64, "--vae", vae,
+                "--out", tmp_path / "g.png") == 2
+    err = capsys.readouterr().err
+    assert "--ckpt:" in err and "input_size" in err and "--image-size sets" in err
+    assert _run("--ckpt", official, "--image-size", 36, "--out", tmp_path / "g.png") == 2
+    assert "multiple of 8" in capsys.readouterr().err

@@ -200,11 +200,11 @@ def npz_is_complete(out: str | Path, manifest: dict) -> bool:
 
 
 def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_samples: int,
-                      classes: Sequence[int] | None = None, seed: int = 0, part_size: int = PART_SIZE,
-                      cfg_scale: float = 1.0, guidance_interval: tuple[float, float] = (0.0, 1.0),
-                      guide_channels: int | None = None, vae=None, image_size: int | None = None,
-                      identity: dict | None = None) -> dict:
-    """Everything that decides the images of `sample_to_npz` (not the batch size, not the process count).
+                      classes: Sequence[int] | None = None, seed: int = 0, cfg_scale: float = 1.0,
+                      guidance_interval: tuple[float, float] = (0.0, 1.0), guide_channels: int | None = None,
+                      vae=None, image_size: int | None = None, identity: dict | None = None) -> dict:
+    """Everything that decides the images of `sample_to_npz` (not the batch size, the part size or the
+    number of processes).
 
     Computable without loading the model (model_cfg is its ModelConfig), so callers can skip the loading
     when ``npz_is_complete(out, manifest)``.
@@ -212,9 +212,9 @@ def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_s
     classes = list(range(model_cfg.num_classes)) if classes is None else [int(c) for c in classes]
     vae_name = None if vae is None else vae if isinstance(vae, str | Path) else type(vae).__name__
     return _jsonable({
-        "num_samples": num_samples, "seed": seed, "classes": classes, "part_size": part_size,
-        "sampler": sampler, "transport": transport_cfg, "cfg_scale": cfg_scale,
-        "guidance_interval": list(guidance_interval), "guide_channels": guide_channels,
+        "num_samples": num_samples, "seed": seed, "classes": classes, "sampler": sampler,
+        "transport": transport_cfg, "cfg_scale": cfg_scale, "guidance_interval": list(guidance_interval),
+        "guide_channels": guide_channels,
         "image_size": image_size or model_cfg.input_size, "vae": vae_name, "model": identity or {},
     })
 
@@ -257,9 +257,9 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
     cfg = model.cfg
     classes = list(range(cfg.num_classes)) if classes is None else [int(c) for c in classes]
     manifest = sampling_manifest(
-        cfg, transport.cfg, sampler, num_samples=num_samples, classes=classes, seed=seed, part_size=part_size,
-        cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae,
-        image_size=image_size, identity=identity)
+        cfg, transport.cfg, sampler, num_samples=num_samples, classes=classes, seed=seed, cfg_scale=cfg_scale,
+        guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae, image_size=image_size,
+        identity=identity)
     if npz_is_complete(out, manifest):
         dist.print0(f"{out}: already complete ({num_samples} images with these settings)")
         return out
@@ -268,15 +268,16 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
     num_parts = -(-num_samples // part_size)
     part_file = [parts / f"part_{k:06d}.npz" for k in range(num_parts)]
     mpath = parts / "manifest.json"
+    parts_manifest = {**manifest, "part_size": part_size}  # part k holds samples [k * part_size, ...)
     if mpath.is_file():  # checked by every process, so that all of them stop
         old = json.loads(mpath.read_text())
-        if old != manifest:
-            diff = "; ".join(_differences(old, manifest))
+        if old != parts_manifest:
+            diff = "; ".join(_differences(old, parts_manifest))
             raise SamplingStateError(
                 f"{parts} holds parts made with other settings ({diff}); delete that folder to start "
                 "over, or write to another output file")
     elif dist.is_main():
-        atomic_write_text(mpath, json.dumps(manifest, indent=1))
+        atomic_write_text(mpath, json.dumps(parts_manifest, indent=1))
     dist.barrier()
     missing = [k for k in range(num_parts) if not part_file[k].is_file()]
     dist.barrier()  # every process has listed the parts before any writes a new one

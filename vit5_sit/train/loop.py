@@ -160,6 +160,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     torch.manual_seed(tc.seed)
     mcfg = cfg.model_config()
     model = create_model(mcfg)
+    model.label_dropout = False  # drawn below with the step's noise instead
     ema = EMA(model, tc.ema_decay)
     transport = Transport(cfg.transport)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
@@ -202,6 +203,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     if cfg.log.sample_every and step == 0 and accelerator.is_main_process:
         _sample_grid(cfg, ema.model, transport, run_dir, step, accelerator.device)
     while step < tc.max_steps:
+        torch.manual_seed((tc.seed + 1) * 104_729 + step * 97 + rank)  # any other randomness: per step too
         lr = tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -264,6 +266,9 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         if cfg.log.sample_every and (step % cfg.log.sample_every == 0) and accelerator.is_main_process:
             _sample_grid(cfg, ema.model, transport, run_dir, step, accelerator.device)
     bar.close()
+    skipped = getattr(dataset, "skipped", None)  # filled in this process when data.num_workers=0
+    if skipped:
+        log(f"{len(skipped)} unreadable image(s) skipped: " + ", ".join(str(s.path) for s in skipped[:10]))
     accelerator.end_training()
     return run_dir
 

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a .png grid (default: samples.png) or a .npz of --num-samples images")
     arg("--classes", default=None, metavar="LIST",
         help="comma-separated ids, ranges (0-9) or ImageNet names (default: grid: every class of models "
-             f"with at most {MAX_GRID_CLASSES}, else {DEFAULT_IMAGENET_CLASSES}; .npz: all, balanced)")
+             f"with at most {MAX_GRID_CLASSES}, ImageNet: {DEFAULT_IMAGENET_CLASSES}, else the first "
+             f"{len(DEFAULT_IMAGENET_CLASSES)}; .npz: all, balanced)")
     arg("--per-class", type=_positive_int, default=4, help="grid: images per class (default: 4)")
     arg("--num-samples", type=_positive_int, default=None,
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
@@ -189,7 +190,9 @@ def classes_for(args, num_classes: int, grid: bool) -> list[int]:
             raise UsageError(f"--classes: {e}") from None
     if not grid or num_classes <= MAX_GRID_CLASSES:
         return list(range(num_classes))
-    return [c for c in DEFAULT_IMAGENET_CLASSES if c < num_classes]
+    if num_classes == 1000:
+        return DEFAULT_IMAGENET_CLASSES
+    return list(range(len(DEFAULT_IMAGENET_CLASSES)))
 
 
 def check_flags(args) -> bool:

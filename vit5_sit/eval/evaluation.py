@@ -1,0 +1,222 @@
+"""evaluate(): samples vs reference -> FID / IS / precision / recall / KID; compute_reference() caches one.
+
+Metrics that cannot be computed are not guessed: they land in `result['skipped']` with the reason (Inception
+Score with weights that have no classifier; precision/recall/KID against a reference that holds only
+mu/sigma).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics as M
+from .errors import EvalError
+from .inception import NO_LOGITS_REASON, Inception, load_inception
+from .sources import REFERENCE_FORMAT, Features, Reference, compute_features, open_images, open_reference
+
+METRICS = ("fid", "is", "precision", "recall", "kid")
+ALIASES = {"pr": ("precision", "recall")}  # shorthand accepted by parse_metrics and the CLI
+NEEDS_REFERENCE_FEATURES = ("precision", "recall", "kid")
+
+
+def parse_metrics(metrics: str | Iterable[str]) -> tuple[str, ...]:
+    """'fid,is,pr,kid' or a sequence of names -> names in METRICS order; unknown names are errors."""
+    names = metrics.split(",") if isinstance(metrics, str) else list(metrics)
+    chosen = set()
+    for name in (n.strip().lower() for n in names):
+        if name in ALIASES:
+            chosen.update(ALIASES[name])
+        elif name in METRICS:
+            chosen.add(name)
+        elif name:
+            raise EvalError(f"unknown metric '{name}'; choose from fid, is, pr (= precision and recall), kid")
+    if not chosen:
+        raise EvalError("no metrics chosen; choose from fid, is, pr, kid")
+    return tuple(m for m in METRICS if m in chosen)
+
+
+class _LazyInception:
+    """Loads the Inception only if some features must actually be computed."""
+
+    def __init__(self, inception: Inception | None, weights, device):
+        self.inception, self.weights, self.device = inception, weights, device
+
+    def get(self) -> Inception:
+        if self.inception is None:
+            self.inception = load_inception(self.weights, self.device)
+        return self.inception
+
+
+def evaluate(
+    samples,                            # .npz, folder, uint8 array (N, H, W, 3), ImageSource or Features
+    reference,                          # statistics .npz (ours, ADM's), images, Reference, Features
+    metrics: str | Iterable[str] = METRICS,  # names from METRICS, or 'pr' for precision and recall
+    inception: Inception | None = None, # None: load_inception(inception_weights, device) when needed
+    inception_weights=None,             # weights file; None searches (see vit5_sit.eval.inception)
+    device=None,                        # None: CUDA when available, else CPU
+    batch_size: int = 64,               # images per Inception forward
+    num_workers: int = 0,               # image-decoding processes for folders
+    pr_k: int = 3,                      # precision/recall neighbourhood size
+    is_splits: int = 10,                # Inception Score splits
+    kid_subsets: int = 100,             # KID subset pairs
+    kid_subset_size: int = 1000,        # images per KID subset (clipped to the smaller set)
+    seed: int = 0,                      # KID subset sampling
+    progress: bool = True,              # tqdm bars on stderr
+) -> dict:
+    """Metrics of samples against a reference, as a JSON-able dict.
+
+    Keys: the requested metrics among 'fid', 'is' (+ 'is_std'), 'precision', 'recall', 'kid' (+ 'kid_std',
+    'kid_subset_size'); 'num_samples', 'num_reference', 'samples', 'reference', 'inception_weights'; and
+    'skipped': {metric: reason} for requested metrics that could not be computed.
+    """
+    chosen = parse_metrics(metrics)
+    ref = open_reference(reference)
+    net = _LazyInception(inception, inception_weights, device)
+    skipped: dict[str, str] = {}
+
+    # Sample features.
+    if isinstance(samples, Features):
+        sample_desc, feats = "features", samples
+    else:
+        source = open_images(samples)
+        sample_desc = source.description
+        feats = compute_features(source, net.get(), batch_size, num_workers, progress, desc="samples")
+
+    # Reference features, when a metric needs them and they are not stored.
+    wants_features = [m for m in chosen if m in NEEDS_REFERENCE_FEATURES]
+    ref_features = ref.features
+    needs_ref_features = wants_features or ("fid" in chosen and ref.mu is None)
+    if ref_features is None and ref.images is not None and needs_ref_features:
+        ref_features = compute_features(ref.images, net.get(), batch_size, num_workers, progress,
+                                         desc="reference").pool
+    if ref_features is None:
+        for m in wants_features:
+            skipped[m] = (
+                f"the reference {ref.description} holds only mu/sigma and {m} needs its Inception features; "
+                "build a reference with them: python eval_fid.py ref --data <images> --out <ref.npz>"
+            )
+
+    result = {
+        "samples": sample_desc,
+        "reference": ref.description,
+        "num_samples": len(feats.pool),
+        "num_reference": len(ref_features) if ref_features is not None else ref.num_images,
+        "inception_weights": net.inception.describe() if net.inception is not None else ref.inception_weights,
+    }
+
+    def attempt(names: tuple[str, ...], fn):
+        """Run one metric; a too-small set (the metric's own ValueError) is reported, not raised."""
+        if any(n in skipped for n in names):
+            return
+        try:
+            fn()
+        except ValueError as e:
+            skipped.update({n: str(e) for n in names})
+
+    if "fid" in chosen:
+        def fid():  # stored statistics first (ADM's own for its batch): FID matches its published numbers
+            mu_r, sigma_r = (ref.mu, ref.sigma) if ref.mu is not None else M.feature_statistics(ref_features)
+            result["fid"] = M.frechet_distance(*M.feature_statistics(feats.pool), mu_r, sigma_r)
+        attempt(("fid",), fid)
+
+    if "is" in chosen:
+        if feats.logits is None:
+            no_fc = net.inception is not None and not net.inception.has_logits
+            skipped["is"] = NO_LOGITS_REASON if no_fc else "the sample features have no logits"
+        else:
+            def inception_score():
+                result["is"], result["is_std"] = M.inception_score(feats.logits, is_splits)
+            attempt(("is",), inception_score)
+
+    pr = tuple(m for m in ("precision", "recall") if m in chosen)
+    if pr:
+        def precision_recall():
+            p, r = M.precision_recall(feats.pool, ref_features, k=pr_k, device=_metric_device(net))
+            result.update({"precision": p, "recall": r})
+            for m in {"precision", "recall"} - set(pr):
+                result.pop(m)
+        attempt(pr, precision_recall)
+
+    if "kid" in chosen:
+        def kernel_id():
+            result["kid"], result["kid_std"], result["kid_subset_size"] = M.kid(
+                feats.pool, ref_features, kid_subsets, kid_subset_size, seed)
+        attempt(("kid",), kernel_id)
+
+    result["skipped"] = skipped
+    return result
+
+
+def _metric_device(net: _LazyInception):
+    """Distances for precision/recall run where the Inception ran (a GPU when there is one)."""
+    return net.inception.device if net.inception is not None else (net.device or "cpu")
+
+
+def compute_reference(
+    source,                             # images (folder, .npz, array) or an ADM reference batch
+    out_path,                           # .npz to write: mu, sigma, features, num_images, provenance
+    inception: Inception | None = None, # None: load_inception(inception_weights, device)
+    inception_weights=None,
+    device=None,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    progress: bool = True,
+) -> Reference:
+    """Compute the reference's Inception features once and store them with their statistics.
+
+    For an ADM reference batch the features (and so mu/sigma) are computed from its arr_0 images.
+    The file is written to a temporary name and renamed into place, so an interrupted run leaves no partial
+    file.
+    """
+    ref = open_reference(source)
+    if ref.images is None:
+        raise EvalError(f"{ref.description} holds no images to compute features from")
+    inception = inception if inception is not None else load_inception(inception_weights, device)
+    features = compute_features(ref.images, inception, batch_size, num_workers, progress, "reference").pool
+    mu, sigma = M.feature_statistics(features)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, mu=mu, sigma=sigma, features=features.astype(np.float32), num_images=len(features),
+                 inception_weights=inception.describe(), source=ref.description, format=REFERENCE_FORMAT)
+    os.replace(tmp, out_path)
+    return Reference(str(out_path), mu, sigma, features=features, inception_weights=inception.describe())
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def format_markdown(result: dict) -> str:
+    """A table row per evaluation (paste-able next to other runs), then the reference and skipped metrics."""
+    columns = [("samples", _cell(result["samples"])), ("images", str(result["num_samples"]))]
+    labels = {"fid": "FID", "is": "IS", "precision": "precision", "recall": "recall", "kid": "KID"}
+    for name, label in labels.items():
+        if name in result:
+            value = {
+                "fid": lambda: f"{result['fid']:.4f}",
+                "is": lambda: f"{result['is']:.3f} ± {result['is_std']:.3f}",
+                "precision": lambda: f"{result['precision']:.4f}",
+                "recall": lambda: f"{result['recall']:.4f}",
+                "kid": lambda: f"{result['kid']:.5f} ± {result['kid_std']:.5f}",
+            }[name]()
+            columns.append((label, value))
+        elif name in result["skipped"]:
+            columns.append((label, "n/a"))
+    n_ref = result["num_reference"]
+    reference_size = f"{n_ref} images" if n_ref is not None else "statistics only"
+    lines = [
+        "| " + " | ".join(c[0] for c in columns) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|",
+        "| " + " | ".join(c[1] for c in columns) + " |",
+        "",
+        f"Reference: {_cell(result['reference'])} ({reference_size}); "
+        f"Inception: {result['inception_weights'] or 'unknown'}.",
+    ]
+    lines += [f"- {name}: n/a: {reason}" for name, reason in result["skipped"].items()]
+    return "\n".join(lines)

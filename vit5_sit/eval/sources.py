@@ -1,0 +1,265 @@
+"""Where images and reference statistics come from, and their Inception features.
+
+Images (`open_images`):
+  - an .npz in ADM's layout: `arr_0` uint8 (N, H, W, 3), optional `arr_1` labels (ignored). Read in batches
+    straight from the zip member, so a 50k-sample file is never held in memory whole;
+  - a folder, searched recursively for .png / .jpg / .jpeg / .webp (sorted paths; grayscale, palette and RGBA
+    images are converted to RGB; images of different sizes are batched separately);
+  - a uint8 array (N, H, W, 3).
+References (`open_reference`):
+  - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu`, `sigma`, and usually `features`
+    (needed for precision/recall and KID);
+  - ADM's reference batch (e.g. VIRTUAL_imagenet256_labeled.npz): `arr_0` images plus `mu`, `sigma`. FID uses
+    its `mu`/`sigma`; precision/recall/KID compute features from `arr_0` (cache them once with `eval_fid.py
+    ref`);
+  - any image source above: features are computed from the images.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import torch
+from tqdm import tqdm
+
+from .errors import EvalError
+from .inception import POOL_DIM
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
+REFERENCE_FORMAT = "vit5_sit.eval.reference/1"  # written into our statistics files
+
+
+def _layout_error(dtype, shape) -> EvalError:
+    return EvalError(f"arr_0 must be uint8 N×H×W×3, got {np.dtype(dtype)} {tuple(shape)}")
+
+
+def _check_layout(dtype, shape) -> None:
+    if np.dtype(dtype) != np.uint8 or len(shape) != 4 or shape[-1] != 3:
+        raise _layout_error(dtype, shape)
+
+
+class ImageSource:
+    """A sized sequence of uint8 RGB images, read in batches (N, H, W, 3)."""
+
+    description: str
+    num_images: int
+
+    def iter_batches(self, batch_size: int, num_workers: int = 0) -> Iterator[np.ndarray]:
+        raise NotImplementedError
+
+
+class ArrayImages(ImageSource):
+    def __init__(self, images: np.ndarray, description: str = "array"):
+        images = np.asarray(images)
+        _check_layout(images.dtype, images.shape)
+        self.images, self.description, self.num_images = images, description, len(images)
+
+    def iter_batches(self, batch_size, num_workers=0):
+        for i in range(0, self.num_images, batch_size):
+            yield self.images[i : i + batch_size]
+
+
+class NpzImages(ImageSource):
+    """`arr_0` of an .npz, streamed from the zip member (compressed or not) batch by batch."""
+
+    MEMBER = "arr_0.npy"
+
+    def __init__(self, path: Path):
+        self.path, self.description = path, str(path)
+        with zipfile.ZipFile(path) as zf, zf.open(self.MEMBER) as f:
+            self._header = self._read_header(f)
+        shape, fortran_order, dtype = self._header
+        _check_layout(dtype, shape)
+        self.num_images = shape[0]
+        if self.num_images == 0:
+            raise EvalError(f"no images found in {path} (arr_0 is empty)")
+        self._streamable = not fortran_order
+
+    @staticmethod
+    def _read_header(f):
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+        raise EvalError(f"arr_0 uses .npy format version {version}; uint8 images are written as 1.0 or 2.0")
+
+    def iter_batches(self, batch_size, num_workers=0):
+        shape, _, _ = self._header
+        if not self._streamable:
+            yield from ArrayImages(np.load(self.path)["arr_0"]).iter_batches(batch_size)
+            return
+        image_bytes = int(np.prod(shape[1:]))
+        with zipfile.ZipFile(self.path) as zf, zf.open(self.MEMBER) as f:
+            self._read_header(f)  # skip to the data
+            for start in range(0, self.num_images, batch_size):
+                count = min(batch_size, self.num_images - start)
+                data = f.read(count * image_bytes)
+                if len(data) != count * image_bytes:
+                    raise EvalError(f"{self.path}: arr_0 is truncated at image {start}")
+                yield np.frombuffer(bytearray(data), dtype=np.uint8).reshape(count, *shape[1:])  # writable
+
+
+class _ImageFiles(torch.utils.data.Dataset):
+    def __init__(self, files: list[Path]):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i) -> np.ndarray:
+        with PIL.Image.open(self.files[i]) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)  # (H, W, 3); L, P, RGBA, CMYK -> RGB
+
+
+class FolderImages(ImageSource):
+    def __init__(self, path: Path):
+        self.path, self.description = path, str(path)
+        self.files = sorted(
+            Path(root) / name
+            for root, _, names in os.walk(path, followlinks=True)
+            for name in names
+            if name.lower().endswith(IMAGE_EXTENSIONS)
+        )
+        self.num_images = len(self.files)
+        if not self.files:
+            kinds = ", ".join(IMAGE_EXTENSIONS)
+            raise EvalError(f"no images found in {path} (searched recursively for {kinds})")
+
+    def iter_batches(self, batch_size, num_workers=0):
+        dataset = _ImageFiles(self.files)
+        if num_workers > 0:  # decode in worker processes, in order
+            images = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+        else:
+            images = (dataset[i] for i in range(len(dataset)))
+        batch = []
+        for image in images:
+            image = np.asarray(image)
+            if batch and (len(batch) == batch_size or image.shape != batch[0].shape):  # one size per batch
+                yield np.stack(batch)
+                batch = []
+            batch.append(image)
+        if batch:
+            yield np.stack(batch)
+
+
+def _npz_keys(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return [name[: -len(".npy")] for name in zf.namelist() if name.endswith(".npy")]
+    except zipfile.BadZipFile as e:
+        raise EvalError(f"not a valid .npz file: {path}") from e
+
+
+def _existing_path(source) -> Path:
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise EvalError(f"file not found: {path}")
+    return path
+
+
+def open_images(source) -> ImageSource:
+    """An ImageSource for a folder, an ADM-layout .npz, or a uint8 array (N, H, W, 3)."""
+    if isinstance(source, ImageSource):
+        return source
+    if isinstance(source, (np.ndarray, torch.Tensor)):
+        return ArrayImages(np.asarray(source))
+    path = _existing_path(source)
+    if path.is_dir():
+        return FolderImages(path)
+    keys = _npz_keys(path)
+    if "arr_0" not in keys:
+        raise EvalError(f"no images found in {path}: it has no arr_0 (keys: {', '.join(keys) or 'none'})")
+    return NpzImages(path)
+
+
+@dataclass
+class Features:
+    """Inception features of a set of images."""
+
+    pool: np.ndarray  # (N, 2048) float32 pool3 features: FID, precision/recall, KID
+    logits: np.ndarray | None = None  # (N, 1008) unbiased classifier logits: Inception Score; None without fc
+
+
+@dataclass
+class Reference:
+    """What FID / precision / recall / KID compare with: statistics, features, or images to compute them."""
+
+    description: str
+    mu: np.ndarray | None = None  # (2048,) float64
+    sigma: np.ndarray | None = None  # (2048, 2048) float64
+    features: np.ndarray | None = None  # (N, 2048) pool3 features; precision/recall and KID need them
+    images: ImageSource | None = None  # where features come from when `features` is None
+    inception_weights: str | None = None  # provenance of stored statistics
+
+    @property
+    def num_images(self) -> int | None:
+        if self.features is not None:
+            return len(self.features)
+        return self.images.num_images if self.images is not None else None
+
+
+def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None) -> None:
+    if mu.shape != (POOL_DIM,) or sigma.shape != (POOL_DIM, POOL_DIM):
+        raise EvalError(
+            f"{path}: mu must have shape ({POOL_DIM},) and sigma ({POOL_DIM}, {POOL_DIM}), "
+            f"got {mu.shape} and {sigma.shape}"
+        )
+    if features is not None and (features.ndim != 2 or features.shape[1] != POOL_DIM):
+        raise EvalError(f"{path}: features must have shape (N, {POOL_DIM}), got {features.shape}")
+
+
+def open_reference(source) -> Reference:
+    """A Reference for a statistics .npz (ours or ADM's), an image source, Features, or a Reference."""
+    if isinstance(source, Reference):
+        return source
+    if isinstance(source, Features):
+        return Reference("features", features=source.pool)
+    if isinstance(source, (np.ndarray, torch.Tensor, ImageSource)):
+        images = open_images(source)
+        return Reference(images.description, images=images)
+    path = _existing_path(source)
+    if path.is_dir():
+        return Reference(str(path), images=FolderImages(path))
+    keys = _npz_keys(path)
+    if "mu" in keys and "sigma" in keys:
+        with np.load(path, allow_pickle=False) as data:
+            mu, sigma = data["mu"].astype(np.float64), data["sigma"].astype(np.float64)
+            features = data["features"] if "features" in keys else None
+            weights = str(data["inception_weights"]) if "inception_weights" in keys else None
+        _check_statistics(path, mu, sigma, features)
+        if "arr_0" in keys:  # ADM's reference batch: images and their statistics
+            return Reference(f"{path} (ADM reference batch)", mu, sigma, images=NpzImages(path))
+        return Reference(str(path), mu, sigma, features=features, inception_weights=weights)
+    if "arr_0" in keys:
+        return Reference(str(path), images=NpzImages(path))
+    raise EvalError(
+        f"{path} is neither images (arr_0) nor statistics (mu, sigma); keys: {', '.join(keys) or 'none'}"
+    )
+
+
+def compute_features(
+    images: ImageSource,
+    inception,                          # vit5_sit.eval.inception.Inception
+    batch_size: int = 64,               # images per Inception forward
+    num_workers: int = 0,               # image-decoding processes for folders; 0 = in this process
+    progress: bool = True,              # tqdm bar on stderr
+    desc: str | None = None,            # bar label; None = the source's description
+) -> Features:
+    pools, logits = [], []
+    with tqdm(total=images.num_images, unit="img", desc=desc or images.description, file=sys.stderr,
+              disable=not progress, dynamic_ncols=True) as bar:
+        for batch in images.iter_batches(batch_size, num_workers):
+            pool, logit = inception(batch)
+            pools.append(pool)
+            if logit is not None:
+                logits.append(logit)
+            bar.update(len(batch))
+    return Features(np.concatenate(pools), np.concatenate(logits) if logits else None)

@@ -155,3 +155,14 @@ def test_evaluate_computes_inception_score_from_logits():
     samples = Features(rng.normal(size=(20, 16)), logits=logits)
     result = evaluate(samples, Features(rng.normal(size=(20, 16))), metrics="is", progress=False)
     assert result["is"] == pytest.approx(2.0) and result["skipped"] == {}
+
+
+def test_frechet_distance_matches_scipy_sqrtm_on_non_commuting_covariances():
+    import scipy.linalg
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(200, 32)), rng.normal(size=(200, 32)) @ rng.normal(size=(32, 32))
+    mu1, s1 = a.mean(0), np.cov(a, rowvar=False)
+    mu2, s2 = b.mean(0), np.cov(b, rowvar=False)
+    ref = ((mu1 - mu2) ** 2).sum() + np.trace(s1 + s2 - 2 * scipy.linalg.sqrtm(s1 @ s2).real)
+    assert frechet_distance(mu1, s1, mu2, s2) == pytest.approx(ref, rel=1e-8)

@@ -12,10 +12,7 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-import scipy.linalg
 import torch
 
 
@@ -34,11 +31,12 @@ def feature_statistics(features) -> tuple[np.ndarray, np.ndarray]:
 
 
 def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
-    """||mu1 - mu2||² + Tr(sigma1 + sigma2 - 2 (sigma1 sigma2)^½), as in pytorch-fid and ADM.
+    """||mu1 - mu2||² + Tr(sigma1 + sigma2 - 2 (sigma1 sigma2)^½), the FID of pytorch-fid and ADM.
 
-    Numerical fixes: if the product's square root is not finite (singular covariances, e.g. fewer samples than
-    dimensions), both covariances get `eps` on the diagonal; a complex result from round-off is reduced to its
-    real part, unless the imaginary part is large, which means the inputs are not covariances.
+    Tr((sigma1 sigma2)^½) is computed as Tr((A sigma2 A)^½) with A = sigma1^½: the same eigenvalues, but of a
+    symmetric positive semi-definite matrix, so two symmetric eigendecompositions (a few seconds at 2048
+    dimensions) replace scipy's general sqrtm (a minute on a small CPU) and no complex round-off arises.
+    Eigenvalues below zero from round-off are clipped; ``eps`` is kept for API compatibility (unused).
     """
     mu1, mu2 = np.atleast_1d(_as_float64(mu1)), np.atleast_1d(_as_float64(mu2))
     sigma1, sigma2 = np.atleast_2d(_as_float64(sigma1)), np.atleast_2d(_as_float64(sigma2))
@@ -46,20 +44,15 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
         raise ValueError(
             f"mismatched statistics: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
         )
+    for name, s in (("sigma1", sigma1), ("sigma2", sigma2)):
+        if not np.allclose(s, s.T, atol=1e-6 * max(1.0, float(np.abs(s).max()))):
+            raise ValueError(f"{name} is not symmetric: not a covariance matrix")
     diff = mu1 - mu2
-
-    with warnings.catch_warnings():  # singular products are expected (N < D); we check the result ourselves
-        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
-        covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
-        if not np.isfinite(covmean).all():
-            offset = np.eye(len(sigma1)) * eps
-            covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
-    if np.iscomplexobj(covmean):
-        if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
-            imag = np.max(np.abs(covmean.imag))
-            raise ValueError(f"imaginary component {imag:.3g} in sqrtm(sigma1 @ sigma2): not covariances?")
-        covmean = covmean.real
-    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean))
+    w, v = np.linalg.eigh((sigma1 + sigma1.T) / 2)
+    root1 = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+    inner = root1 @ sigma2 @ root1
+    tr_covmean = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * tr_covmean)
 
 
 def inception_score(logits, splits: int = 10) -> tuple[float, float]:

@@ -1,0 +1,706 @@
+"""The denoiser: SiT's DiT-style transformer with every ViT-5 component a switch in `ModelConfig`.
+
+One model class, `DiT`, serves both families. With the vanilla settings it *is* the official SiT model
+(same modules, same state-dict keys, same initialisation, same outputs); the ViT-5 settings change only
+the components listed in DESIGN.md section 2, each by one `ModelConfig` field:
+
+    field               vanilla SiT        ViT-5
+    norm                'layernorm'        'rmsnorm'
+    qk_norm             False              True
+    qkv_bias            True               False
+    pos_embed / rope    'sincos' / False   'sincos' / True   (absolute embedding *and* 2D RoPE)
+    num_registers       0                  4                 (own 2D RoPE, base register_rope_base=100)
+    layer_scale_init    None               1e-4
+    mlp                 'gelu'             'gelu'            ('swiglu' stays available for the ablation)
+
+The ViT-5 presets keep SiT's frozen sin-cos table as their absolute embedding, so the two families differ
+only in the rows above (ViT-5's classifier learns its table: `pos_embed='learned'`, which starts from the
+sin-cos values).
+
+`model(x, t, y)`: x (B, C, H, W) image or latent, t (B,) floats in [0, 1] (0 = noise, 1 = data, the SiT
+convention), y (B,) class ids, where id `num_classes` is the null label (unconditional). Returns the
+prediction, (B, C, H, W); with learn_sigma the second half of the output channels is dropped.
+
+The model runs at grid sizes other than the training one (another resolution): sin-cos tables and RoPE
+tables are recomputed for the new grid, a learned absolute embedding is interpolated. In all three the
+positions of the new grid are rescaled to span the training grid, as the official ViT-5 RoPE does and as
+interpolating a learned table does, so a token keeps the relative location it had in training.
+
+The size registry `PRESETS` is at the bottom of this file; its keys are the CLI's model choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+NORMS = ("layernorm", "rmsnorm")
+POS_EMBEDS = ("sincos", "learned", "none")
+MLPS = ("gelu", "swiglu")
+NORM_EPS = 1e-6                 # LayerNorm / RMSNorm epsilon (official DiT/SiT and ViT-5)
+TIMESTEP_FREQ_DIM = 256         # sinusoidal frequencies of the timestep embedding (official SiT)
+TIMESTEP_MAX_PERIOD = 10000.0
+SINCOS_BASE = 10000.0           # frequency base of the absolute 2D sin-cos embedding (DiT/MAE)
+INIT_STD = 0.02                 # N(0, 0.02) for the label table, timestep MLP and register tokens
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Config.
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of `DiT`. The defaults are the official SiT-XL/2 (ImageNet 256, VAE latents)."""
+
+    input_size: int = 32                    # training height = width of x (latents: image size / 8)
+    in_channels: int = 4                    # channels of x (4 for SD-VAE latents)
+    patch_size: int = 2
+    hidden_size: int = 1152
+    depth: int = 28
+    num_heads: int = 16
+    mlp_ratio: float = 4.0                  # GELU MLP hidden = mlp_ratio * hidden_size
+    num_classes: int = 1000                 # label id num_classes is the null (unconditional) label
+    class_dropout_prob: float = 0.1         # training label dropout for CFG; > 0 adds the null row
+    learn_sigma: bool = True                # official SiT: 2C output channels, the second half dropped
+    norm: str = "layernorm"                 # 'layernorm' | 'rmsnorm' (pre-norms and final norm)
+    qk_norm: bool = False                   # RMSNorm over each head's q and k, before RoPE
+    qkv_bias: bool = True
+    pos_embed: str = "sincos"               # absolute embedding: 'sincos' (frozen) | 'learned' | 'none'
+    rope: bool = False                      # 2D axial RoPE on the patch tokens
+    rope_base: float = 10000.0              # RoPE frequency base of the patch tokens
+    num_registers: int = 0                  # learnable tokens appended after the patches, dropped at output
+    register_rope_base: float | None = 100.0  # RoPE base of the registers (2D grid); None = not rotated
+    layer_scale_init: float | None = None   # LayerScale init value on both branches; None = off
+    mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
+
+    def __post_init__(self) -> None:
+        for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
+                     "num_classes"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("num_registers", self.num_registers, minimum=0)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
+        _check_choice("mlp", self.mlp, MLPS)
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
+        _check_float("mlp_ratio", self.mlp_ratio, positive=True)
+        _check_float("rope_base", self.rope_base, positive=True)
+        _check_float("class_dropout_prob", self.class_dropout_prob)
+        if not 0.0 <= self.class_dropout_prob < 1.0:
+            raise ValueError(f"class_dropout_prob={self.class_dropout_prob!r}: must be in [0, 1)")
+        if self.register_rope_base is not None:
+            _check_float("register_rope_base", self.register_rope_base, positive=True)
+        if self.layer_scale_init is not None:
+            _check_float("layer_scale_init", self.layer_scale_init)
+        if self.input_size % self.patch_size:
+            raise ValueError(f"input_size={self.input_size} is not divisible by patch_size={self.patch_size}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.rope and self.head_dim % 4:
+            raise ValueError(f"rope=True needs head_dim (hidden_size / num_heads = {self.head_dim}) "
+                             "divisible by 4: half the rotary pairs turn with the row, half with the column")
+        if self.pos_embed == "sincos" and self.hidden_size % 4:
+            raise ValueError(f"pos_embed='sincos' needs hidden_size divisible by 4, got {self.hidden_size}; "
+                             "use pos_embed='learned' or 'none'")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def out_channels(self) -> int:
+        """Channels of the final linear layer's output (2C with learn_sigma)."""
+        return self.in_channels * 2 if self.learn_sigma else self.in_channels
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side at the training size."""
+        return self.input_size // self.patch_size
+
+    @property
+    def swiglu_hidden(self) -> int:
+        """SwiGLU hidden width: 2/3 of the GELU MLP's, rounded up to a multiple of 8, so params ~ equal."""
+        return -(-int(2 * self.mlp_ratio * self.hidden_size / 3) // 8) * 8
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        valid = ", ".join(map(repr, choices))
+        raise ValueError(f"{name}={value!r}: not a valid choice; choose one of {valid}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: must be an integer")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r}: must be >= {minimum}")
+
+
+def _check_float(name: str, value: object, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}={value!r}: must be a number")
+    if positive and not value > 0:
+        raise ValueError(f"{name}={value!r}: must be > 0")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Position tables (absolute sin-cos, RoPE). Computed in float64 on the CPU, then moved.
+
+def _grid_positions(n: int, train_n: int) -> torch.Tensor:
+    """Positions 0..n-1 rescaled so an n-patch side spans the same range as the training side."""
+    return torch.arange(n, dtype=torch.float64) * (train_n / n)
+
+
+def sincos_pos_embed_2d(dim: int, grid_h: int, grid_w: int, train_h: int | None = None,
+                        train_w: int | None = None) -> torch.Tensor:
+    """DiT/MAE 2D sin-cos embedding, (grid_h * grid_w, dim) float64, tokens row-major.
+
+    As in the official code, the first half of the channels encodes the column and the second half the row;
+    each half is [sin, cos] of the position times 1 / 10000^(i / (dim/4)).
+    """
+    rows = _grid_positions(grid_h, train_h or grid_h)
+    cols = _grid_positions(grid_w, train_w or grid_w)
+    omega = SINCOS_BASE ** -(torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
+
+    def embed_1d(pos: torch.Tensor) -> torch.Tensor:
+        out = pos[:, None] * omega[None]
+        return torch.cat([out.sin(), out.cos()], dim=1)  # (n, dim/2)
+
+    emb_col = embed_1d(cols)[None, :, :].expand(grid_h, grid_w, dim // 2)
+    emb_row = embed_1d(rows)[:, None, :].expand(grid_h, grid_w, dim // 2)
+    return torch.cat([emb_col, emb_row], dim=-1).reshape(grid_h * grid_w, dim)
+
+
+def rope_angles_2d(head_dim: int, rows: torch.Tensor, cols: torch.Tensor, base: float) -> torch.Tensor:
+    """Axial 2D RoPE angles, (len(rows), head_dim / 2), one per channel pair (2j, 2j + 1): the first
+    head_dim/4 pairs turn with the row position, the last head_dim/4 with the column, at frequencies
+    base^(-4i / head_dim). This is the official ViT-5 layout (`VisionRotaryEmbedding(head_dim // 2)` on
+    both axes, pairs interleaved)."""
+    inv_freq = base ** -(torch.arange(head_dim // 4, dtype=torch.float64) * 4 / head_dim)
+    return torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=1)
+
+
+class Rope(NamedTuple):
+    """RoPE tables for T tokens, float32 on the model's device: the cosines and sines of the angles,
+    (T, head_dim / 2) each, and the same rotations as complex numbers cos + i sin (complex64; None when
+    the tables were made inside torch.compile, which has no complex code generation)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rot: torch.Tensor | None
+
+
+def rope_tables(angles: torch.Tensor, device: torch.device | str) -> Rope:
+    """The `Rope` tables of angles (T, head_dim / 2)."""
+    cos, sin = angles.cos().to(device, torch.float32), angles.sin().to(device, torch.float32)
+    return Rope(cos, sin, None if torch.compiler.is_compiling() else torch.complex(cos, sin))
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate each channel pair (2j, 2j + 1) of x (..., T, head_dim), float32, by its angle.
+
+    Eager: one complex multiplication (a single kernel forward and backward, ~3x faster on the CPU than
+    the real form). Under torch.compile: the real form, which the compiler fuses.
+    """
+    pairs = x.unflatten(-1, (-1, 2))  # (..., T, head_dim / 2, 2)
+    if torch.compiler.is_compiling():
+        x1, x2 = pairs.unbind(-1)
+        return torch.stack([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin], -1).flatten(-2)
+    rot = rope.rot if rope.rot is not None else torch.complex(rope.cos, rope.sin)
+    return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layers.
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: x (B, T, D) scaled and shifted per sample by (B, D) vectors from the conditioning."""
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+def rms_norm(x: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dimension, in x's dtype (callers pass float32)."""
+    if x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)  # a fused kernel
+    # On the CPU F.rms_norm runs as pow, mean, add, rsqrt, mul; one vector_norm reduction is faster.
+    return x * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 (ViT-5). It drops LayerNorm's re-centring: only the rescaling matters
+    for transformers, and dropping the mean is slightly cheaper and slightly better (ViT-5, as in LLMs).
+
+    Pre-norms in a DiT block have no affine weight (`affine=False`): adaLN supplies scale and shift. The
+    QK-norm uses `affine=True`, a learnable per-channel weight (init 1), as the official ViT-5 does.
+    """
+
+    def __init__(self, dim: int, eps: float = NORM_EPS, affine: bool = False) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(x.float(), self.eps)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.to(x.dtype)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """The pre-norm of a block (and of the final layer): no affine parameters in either kind."""
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, elementwise_affine=False, eps=NORM_EPS)
+    return RMSNorm(dim)
+
+
+class PatchEmbed(nn.Module):
+    """(B, C, H, W) -> (B, T, D) by a strided convolution (`x_embedder.proj`, as timm's PatchEmbed)."""
+
+    def __init__(self, patch_size: int, in_channels: int, hidden_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class TimestepEmbedder(nn.Module):
+    """t (B,) in [0, 1] -> (B, D): 256 sinusoidal frequencies laid out [cos, sin], then Linear-SiLU-Linear.
+
+    SiT feeds the raw t in [0, 1] (no x1000 as in DiT); the frequencies are the official ones.
+    """
+
+    def __init__(self, hidden_size: int, freq_dim: int = TIMESTEP_FREQ_DIM) -> None:
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden_size), nn.SiLU(),
+                                 nn.Linear(hidden_size, hidden_size))
+
+    @staticmethod
+    def timestep_embedding(t: torch.Tensor, dim: int,
+                           max_period: float = TIMESTEP_MAX_PERIOD) -> torch.Tensor:
+        half = dim // 2
+        steps = torch.arange(half, dtype=torch.float32, device=t.device)
+        freqs = torch.exp(-math.log(max_period) * steps / half)
+        args = t[:, None].float() * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        if dim % 2:
+            emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
+        return emb
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        t_freq = self.timestep_embedding(t, self.freq_dim)  # (B, 256)
+        return self.mlp(t_freq.to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Class ids -> (B, D). With class_dropout_prob > 0 the table has a null row (id num_classes), and in
+    training mode each label is replaced by the null id with that probability (for classifier-free
+    guidance)."""
+
+    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float) -> None:
+        super().__init__()
+        self.num_classes, self.dropout_prob = num_classes, dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
+
+    def forward(self, labels: torch.Tensor, train: bool) -> torch.Tensor:
+        if train and self.dropout_prob > 0:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            labels = torch.where(drop, self.num_classes, labels)
+        return self.embedding_table(labels)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention through `F.scaled_dot_product_attention`.
+
+    Switches: `qkv_bias` (ViT-5 drops it: with bias-free RMSNorms everywhere, attention relies on the
+    weighted projections, and QK-norm works better without an additive bias); `qk_norm` (RMSNorm with a
+    learnable per-channel weight over each head's q and k, before RoPE: it bounds the attention logits and
+    removes the loss spikes of large models; `q_norm` and `k_norm` hold the weights, as in ViT-5's code);
+    RoPE, applied when the caller passes `Rope` tables. Normalisation and rotation run in float32 on q and
+    k together (fewer, larger ops: the two weights are applied as one stacked tensor); q and k then go back
+    to the compute dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.qkv_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, affine=True) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, affine=True) if cfg.qk_norm else None
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, hd)
+        if self.q_norm is None and rope is None:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
+        else:
+            qk, v = qkv.split([2, 1], dim=2)
+            qk = qk.float().permute(2, 0, 3, 1, 4)  # (2, B, H, T, hd)
+            v = v.squeeze(2).transpose(1, 2)  # (B, H, T, hd)
+            if self.q_norm is not None:
+                weight = torch.stack([self.q_norm.weight, self.k_norm.weight]).float()[:, None, None, None]
+                qk = qk * (torch.rsqrt(qk.square().mean(-1, keepdim=True) + self.q_norm.eps) * weight)
+            if rope is not None:
+                qk = apply_rope(qk, rope)
+            q, k = qk.to(v.dtype).unbind(0)  # each (B, H, T, hd)
+        x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
+        x = x.transpose(1, 2).reshape(B, T, D)
+        return self.proj(x)
+
+
+class Mlp(nn.Module):
+    """The official MLP: fc1, GELU (tanh approximation), fc2 (timm `Mlp` keys)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP, silu(x W1) * (x W2), then W3, bias-free as in ViT-5's code (W1, W2 fused as `w12`).
+
+    Kept for the ablation only: LayerScale already acts as a static per-channel gate, and together with a
+    gated MLP it over-gates (activations become too sparse), which hurts small models in the paper.
+    """
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.w12 = nn.Linear(dim, 2 * hidden, bias=False)
+        self.w3 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(a) * b)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero conditioning (shift, scale, gate per branch, zero-init).
+
+    LayerScale (`layer_scale_init` not None): learnable per-channel λ on both branches, multiplying the
+    adaLN-Zero gate. It scales each block's output like a static gate (ViT-5; CaiT). Both start at or near
+    zero, so a ViT-5 block learns its residual branches later than a vanilla one (DESIGN.md section 2).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.norm1 = make_norm(cfg.norm, D)
+        self.attn = Attention(cfg)
+        self.norm2 = make_norm(cfg.norm, D)
+        if cfg.mlp == "gelu":
+            self.mlp = Mlp(D, int(D * cfg.mlp_ratio))
+        else:
+            self.mlp = SwiGLU(D, cfg.swiglu_hidden)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(D, 6 * D))
+        if cfg.layer_scale_init is not None:
+            self.gamma_1 = nn.Parameter(torch.full((D,), float(cfg.layer_scale_init)))
+            self.gamma_2 = nn.Parameter(torch.full((D,), float(cfg.layer_scale_init)))
+        else:
+            self.gamma_1 = self.gamma_2 = None
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor,
+                rope: Rope | None = None) -> torch.Tensor:
+        mod = self.adaLN_modulation(c)  # (B, 6D)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=1)
+        if self.gamma_1 is not None:
+            gate_msa, gate_mlp = gate_msa * self.gamma_1, gate_mlp * self.gamma_2  # (B, D)
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x
+
+
+class FinalLayer(nn.Module):
+    """adaLN (shift, scale) then a linear map of each token to its patch of output channels (zero-init)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.norm_final = make_norm(cfg.norm, D)
+        self.linear = nn.Linear(D, cfg.patch_size ** 2 * cfg.out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(D, 2 * D))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model.
+
+class DiT(nn.Module):
+    """SiT's DiT-style denoiser; `ModelConfig` switches each ViT-5 component (see the module docstring).
+
+    Absolute position (`pos_embed`): 'sincos' is the official frozen 2D sin-cos table (a Parameter with
+    requires_grad=False, in the state dict); 'learned' starts from the same table and trains; 'none' has
+    none. ViT-5 keeps the absolute embedding *and* adds RoPE: RoPE gives relative position, the absolute
+    embedding stops the model from being blind to a patch-level flip of the image (with relative position
+    only, a flipped image is processed like the original up to a fixed reflection of rotary channels).
+
+    Registers: `num_registers` learnable tokens appended after the patches and discarded at the output.
+    They absorb the high-norm "artefact" attention that otherwise lands on background patches. With RoPE
+    they get their own 2D rotation (row-major on a ceil(sqrt(n)) grid, 2x2 for 4) at a different frequency
+    base: un-rotated registers are most similar to patches with small rotation angles, which biases
+    attention by position; `register_rope_base=None` leaves them un-rotated (that ablation).
+
+    RoPE and sin-cos tables are cached per (grid, device) in a plain dict, not in the state dict.
+    `label_dropout` (default True) turns the training-mode label dropout off for a training loop that
+    drops labels itself.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = dataclasses.replace(cfg)
+        self.in_channels, self.out_channels = cfg.in_channels, cfg.out_channels
+        self.patch_size, self.num_classes, self.learn_sigma = cfg.patch_size, cfg.num_classes, cfg.learn_sigma
+        D, n = cfg.hidden_size, cfg.grid_size
+
+        self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, D)
+        self.t_embedder = TimestepEmbedder(D)
+        self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
+        # Label dropout in training mode. The training loop turns it off and drops labels itself, drawn
+        # with the rest of a step's seeded randomness (exact resume, same batches on 1 or N processes).
+        self.label_dropout = True
+        if cfg.pos_embed != "none":
+            self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
+        else:
+            self.pos_embed = None
+        if cfg.num_registers:
+            self.register_tokens = nn.Parameter(torch.zeros(1, cfg.num_registers, D))
+        else:
+            self.register_tokens = None
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
+        self.final_layer = FinalLayer(cfg)
+        self.grad_checkpointing = False
+        self._tables: dict[tuple, object] = {}  # (kind, grid_h, grid_w, device) -> cached position tables
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """The official SiT/DiT initialisation, plus N(0, 0.02) register tokens (ViT-5's choice)."""
+        def _basic_init(module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.apply(_basic_init)
+        # Xavier bounds of the SwiGLU gate and value halves as two separate (hidden, D) matrices.
+        for block in self.blocks:
+            if isinstance(block.mlp, SwiGLU):
+                h = block.mlp.hidden
+                nn.init.xavier_uniform_(block.mlp.w12.weight[:h])
+                nn.init.xavier_uniform_(block.mlp.w12.weight[h:])
+
+        if self.pos_embed is not None:  # 'sincos' (frozen) and 'learned' both start from the sin-cos table
+            n = self.cfg.grid_size
+            with torch.no_grad():
+                self.pos_embed.copy_(sincos_pos_embed_2d(self.cfg.hidden_size, n, n).float().unsqueeze(0))
+        if self.register_tokens is not None:
+            nn.init.trunc_normal_(self.register_tokens, std=INIT_STD)
+
+        # Patch embedding initialised like nn.Linear (instead of nn.Conv2d).
+        w = self.x_embedder.proj.weight.data
+        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=INIT_STD)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=INIT_STD)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=INIT_STD)
+
+        # adaLN-Zero: every block starts as the identity, the output as zero.
+        for block in self.blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_layer.linear.weight)
+        nn.init.zeros_(self.final_layer.linear.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass (torch.utils.checkpoint, non-reentrant): less memory."""
+        self.grad_checkpointing = bool(enable)
+
+    # Position tables --------------------------------------------------------------------------------------
+
+    def _cached(self, key: tuple, make):
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = make()
+        return table
+
+    def absolute_pos_embed(self, grid_h: int, grid_w: int, device: torch.device) -> torch.Tensor | None:
+        """(1, grid_h * grid_w, D) absolute embedding for a grid, or None for pos_embed='none'."""
+        n = self.cfg.grid_size
+        if self.pos_embed is None or (grid_h, grid_w) == (n, n):
+            return self.pos_embed
+        if self.cfg.pos_embed == "learned":  # interpolate the trained table (differentiable, not cached)
+            D = self.cfg.hidden_size
+            table = self.pos_embed.reshape(1, n, n, D).permute(0, 3, 1, 2)
+            table = F.interpolate(table.float(), size=(grid_h, grid_w), mode="bicubic", align_corners=False)
+            return table.permute(0, 2, 3, 1).reshape(1, grid_h * grid_w, D).to(self.pos_embed.dtype)
+        return self._cached(
+            ("sincos", grid_h, grid_w, device),
+            lambda: sincos_pos_embed_2d(self.cfg.hidden_size, grid_h, grid_w, n, n).float()[None].to(device))
+
+    def rope_tables(self, grid_h: int, grid_w: int, device: torch.device) -> Rope:
+        """RoPE tables of the patch tokens then the registers, (grid_h * grid_w + num_registers, hd / 2)."""
+        return self._cached(("rope", grid_h, grid_w, device),
+                            lambda: self._make_rope_tables(grid_h, grid_w, device))
+
+    def _make_rope_tables(self, grid_h: int, grid_w: int, device: torch.device) -> Rope:
+        cfg, n = self.cfg, self.cfg.grid_size
+        rows = _grid_positions(grid_h, n)[:, None].expand(grid_h, grid_w).reshape(-1)
+        cols = _grid_positions(grid_w, n)[None, :].expand(grid_h, grid_w).reshape(-1)
+        angles = [rope_angles_2d(cfg.head_dim, rows, cols, cfg.rope_base)]
+        if cfg.num_registers:
+            side = math.ceil(math.sqrt(cfg.num_registers))
+            idx = torch.arange(cfg.num_registers, dtype=torch.float64)
+            if cfg.register_rope_base is None:  # registers not rotated (angle 0)
+                angles.append(torch.zeros(cfg.num_registers, cfg.head_dim // 2, dtype=torch.float64))
+            else:
+                angles.append(rope_angles_2d(cfg.head_dim, idx // side, idx % side, cfg.register_rope_base))
+        return rope_tables(torch.cat(angles), device)
+
+    # Forward ----------------------------------------------------------------------------------------------
+
+    def unpatchify(self, x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
+        """(B, T, p * p * C_out) -> (B, C_out, grid_h * p, grid_w * p)."""
+        p, c = self.patch_size, self.out_channels
+        x = x.reshape(x.shape[0], grid_h, grid_w, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(x.shape[0], c, grid_h * p, grid_w * p)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W)."""
+        B, C, H, W = x.shape
+        p = self.patch_size
+        if C != self.in_channels or H % p or W % p:
+            raise ValueError(f"input of shape {tuple(x.shape)}: expected {self.in_channels} channels and a "
+                             f"height and width divisible by patch_size={p}")
+        if t.ndim == 0:
+            t = t.expand(B)
+        grid_h, grid_w = H // p, W // p
+        T = grid_h * grid_w
+
+        x = self.x_embedder(x)                                    # (B, T, D)
+        pos = self.absolute_pos_embed(grid_h, grid_w, x.device)
+        if pos is not None:
+            x = x + pos.to(x.dtype)                               # (B, T, D)
+        if self.register_tokens is not None:
+            x = torch.cat([x, self.register_tokens.expand(B, -1, -1).to(x.dtype)], dim=1)  # (B, T + R, D)
+        rope = self.rope_tables(grid_h, grid_w, x.device) if self.cfg.rope else None  # (T + R, hd / 2)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training and self.label_dropout)  # (B, D)
+
+        for block in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, c, rope, use_reentrant=False)
+            else:
+                x = block(x, c, rope)                             # (B, T + R, D)
+        x = x[:, :T]                                              # (B, T, D): registers dropped
+        x = self.final_layer(x, c)                                # (B, T, p * p * C_out)
+        x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
+        if self.learn_sigma:
+            x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
+        return x
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Size: parameters and FLOPs.
+
+def count_params(model: nn.Module | ModelConfig | str, trainable_only: bool = False) -> int:
+    """Parameters of a model, a config or a preset name (built on the meta device: instant, no memory).
+
+    Frozen parameters (the sin-cos pos_embed) count unless trainable_only, as in the official numbers.
+    """
+    if not isinstance(model, nn.Module):
+        cfg = model_config(model) if isinstance(model, str) else model
+        with torch.device("meta"):
+            model = DiT(cfg)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def count_flops(cfg: ModelConfig | str, input_size: int | None = None) -> int:
+    """Forward FLOPs for one image, analytically: one multiply-add counts as one FLOP (the fvcore convention
+    behind DiT's and SiT's GFLOPs tables). Matmuls, the attention products and the patch convolution count;
+    norms, activations, softmax and RoPE (elementwise) do not. input_size: height = width of x (None = the
+    training size). Registers add tokens to every block."""
+    if isinstance(cfg, str):
+        cfg = model_config(cfg)
+    size = input_size or cfg.input_size
+    D, p = cfg.hidden_size, cfg.patch_size
+    n_patch = (size // p) ** 2
+    T = n_patch + cfg.num_registers
+    mlp = 2 * D * int(D * cfg.mlp_ratio) if cfg.mlp == "gelu" else 3 * D * cfg.swiglu_hidden
+    per_block = T * (3 * D * D + D * D + mlp) + 2 * T * T * D + 6 * D * D  # qkv, proj, mlp; QK^T, AV; adaLN
+    embed = n_patch * cfg.in_channels * p * p * D + TIMESTEP_FREQ_DIM * D + D * D
+    final = 2 * D * D + n_patch * D * p * p * cfg.out_channels
+    return cfg.depth * per_block + embed + final
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Presets: the registry whose keys are the CLI's model choices. Any field can be overridden.
+
+SIZES = {  # depth, width, heads (shared by both families); T is a tiny size for CPU demos and tests
+    "T": dict(depth=6, hidden_size=192, num_heads=3),
+    "S": dict(depth=12, hidden_size=384, num_heads=6),
+    "B": dict(depth=12, hidden_size=768, num_heads=12),
+    "L": dict(depth=24, hidden_size=1024, num_heads=16),
+    "XL": dict(depth=28, hidden_size=1152, num_heads=16),
+}
+PATCH_SIZES = (2, 4, 8)
+VIT5 = dict(  # the ViT-5 components; everything else as the official SiT
+    norm="rmsnorm", qk_norm=True, qkv_bias=False, pos_embed="sincos", rope=True, rope_base=10000.0,
+    num_registers=4, register_rope_base=100.0, layer_scale_init=1e-4, mlp="gelu",
+)
+
+
+def SiT(size: str, patch_size: int) -> ModelConfig:
+    """The official SiT model (vanilla ViT backbone)."""
+    return ModelConfig(patch_size=patch_size, **SIZES[size])
+
+
+def ViT5(size: str, patch_size: int) -> ModelConfig:
+    """SiT with all ViT-5 components on, at the same size."""
+    return ModelConfig(patch_size=patch_size, **SIZES[size], **VIT5)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    **{f"SiT-{s}/{p}": SiT(s, p) for s in SIZES for p in PATCH_SIZES},
+    **{f"ViT5-{s}/{p}": ViT5(s, p) for s in SIZES for p in PATCH_SIZES},
+}
+
+
+def model_config(name: str, **overrides) -> ModelConfig:
+    """A preset's config (a copy) with any fields overridden, e.g. model_config('ViT5-B/2', rope=False)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return _replace(PRESETS[name], overrides)
+
+
+def create_model(name_or_config: str | ModelConfig, **overrides) -> DiT:
+    """A freshly initialised `DiT` from a preset name or a config, with optional field overrides."""
+    if isinstance(name_or_config, str):
+        return DiT(model_config(name_or_config, **overrides))
+    return DiT(_replace(name_or_config, overrides))
+
+
+def _replace(cfg: ModelConfig, overrides: dict) -> ModelConfig:
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise ValueError(f"unknown ModelConfig field(s) {', '.join(map(repr, unknown))}; fields are: "
+                         f"{', '.join(fields)}")
+    return dataclasses.replace(cfg, **overrides)

@@ -8,6 +8,13 @@
     python eval_fid.py calc --samples samples/ViT5-XL-2_cfg1.5.npz --ref refs/in256.npz
     python eval_fid.py calc --samples s.npz --ref VIRTUAL_imagenet256_labeled.npz --metrics fid --json f.json
 
+    # Every checkpoint of some runs, sampled with the same seeds: compare.md, compare.json, fid_vs_step.png.
+    # Samples and metrics are cached under RUN/eval/, so a second call (or an interrupted one) redoes nothing.
+    python eval_fid.py compare runs/vit5-mnist runs/sit-mnist --ref refs/mnist.npz --num-samples 1000 \
+        --out results/mnist
+    accelerate launch --num_processes 8 eval_fid.py compare runs/vit5-b2 runs/sit-b2 --ref refs/in256.npz \
+        --num-samples 10000 --sampler ode --method euler --steps 50 --out results/b2
+
 `--ref` takes our statistics file (from `ref`), ADM's reference batch (FID from its mu/sigma; precision/recall
 and KID from its images), or images. The result prints as a markdown table; `--json` also writes it as JSON.
 Input mistakes (missing file, no images, wrong array layout, no Inception weights) print one line naming the
@@ -105,6 +112,25 @@ def cmd_calc(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from vit5_sit.eval.compare import CompareSettings, compare_runs
+
+    metrics = _flag("--metrics", parse_metrics, args.metrics)
+    _flag("--ref", open_reference, args.ref)  # a missing or malformed reference fails before any sampling
+    settings = CompareSettings(
+        num_samples=args.num_samples, seed=args.seed, mode=args.sampler, method=args.method, steps=args.steps,
+        cfg_scale=args.cfg_scale, guidance_interval=tuple(args.guidance_interval), metrics=metrics,
+        batch_size=args.sample_batch_size)
+    _flag("--sampler/--method/--steps", settings.sampler)
+    try:
+        compare_runs(args.runs, args.ref, args.out, settings, inception_weights=args.inception_weights,
+                     device=args.device, inception_batch_size=args.batch_size, progress=not args.no_progress)
+    except InceptionWeightsError as e:
+        flag = "--inception-weights: " if args.inception_weights else ""
+        raise UsageError(f"{flag}{e}") from e
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: a typo such as --sample must be an error, not a silent prefix match.
     parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
@@ -130,6 +156,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images per KID subset (default: 1000)")
     _add_inception_args(p)
     p.set_defaults(func=cmd_calc)
+
+    p = commands.add_parser("compare", help="metrics of every checkpoint of some runs: table, JSON, plot",
+                            allow_abbrev=False)
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run folders (train.py's output: config.yaml and checkpoints/)")
+    p.add_argument("--ref", required=True, metavar="NPZ_OR_DIR",
+                   help="statistics .npz from `ref` (fastest), ADM reference batch, or images")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="folder for compare.md, compare.json and fid_vs_step.png")
+    p.add_argument("--num-samples", type=_positive_int, default=10_000,
+                   help="images per checkpoint, the same seeds and balanced classes for all (default: 10000)")
+    p.add_argument("--seed", type=int, default=0, help="image i has seed SEED + i (default: 0)")
+    p.add_argument("--sampler", choices=("ode", "sde"), default="ode", help="default: ode")
+    p.add_argument("--method", default="euler",
+                   help="ode: euler, heun, dopri5, ...; sde: euler, heun (default: euler)")
+    p.add_argument("--steps", type=_positive_int, default=50, help="fixed-step methods: steps (default: 50)")
+    p.add_argument("--cfg-scale", type=float, default=1.0,
+                   help="classifier-free guidance; 1 = none (default)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+                   help="guide only for t in [LOW, HIGH] (default: 0 1)")
+    p.add_argument("--metrics", default="fid,is,pr",
+                   help="comma-separated: fid, is, pr (precision and recall), kid (JSON only) "
+                        "(default: fid,is,pr)")
+    p.add_argument("--sample-batch-size", type=_positive_int, default=64,
+                   help="images per sampling forward per process (default: 64)")
+    _add_inception_args(p)
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

@@ -52,7 +52,9 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: a typo such as --class must be an error, not a silent prefix match.
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = p.add_argument
     arg("--ckpt", metavar="PATH", default=None,
         help="run folder (newest valid checkpoint), checkpoint folder, model folder, or official SiT .pt "

@@ -1,0 +1,333 @@
+"""Compare runs checkpoint by checkpoint: FID / IS / precision / recall against training step.
+
+For every saved checkpoint of every run, `compare_runs` samples the same images (same seeds, balanced
+classes, the same sampler for all runs), evaluates them against one reference, and writes a markdown
+table, a JSON file and a plot of FID against training step (one line per run, like the paper's curves).
+
+Everything is cached under each run, so an interrupted or repeated comparison redoes nothing:
+``RUN/eval/<settings>/step_0001000.npz`` holds the samples (resumable, see `vit5_sit.generate`), and
+``step_0001000.metrics-<key>.json`` the metrics, keyed by the reference and the Inception weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EvalError
+from .evaluation import evaluate, parse_metrics
+from .inception import NO_LOGITS_REASON, find_inception_weights, load_inception
+from .metrics import feature_statistics
+from .sources import Reference, compute_features, open_reference
+
+TABLE_METRICS = ("fid", "is", "precision", "recall")
+
+
+class CompareError(EvalError):
+    """A run folder or setting that cannot be compared; the message says which and why."""
+
+
+@dataclass
+class CompareSettings:
+    """How each checkpoint is sampled and evaluated; the same for every run, so the numbers compare."""
+
+    num_samples: int = 10_000               # images per checkpoint (FID-10K; the paper reports FID-50K)
+    seed: int = 0                           # image i has seed `seed + i` in every run and checkpoint
+    mode: str = "ode"                       # sampler: 'ode' | 'sde'
+    method: str = "euler"
+    steps: int = 50
+    cfg_scale: float = 1.0                  # 1 = no guidance (the paper's scaling curves)
+    guidance_interval: tuple[float, float] = (0.0, 1.0)
+    metrics: tuple[str, ...] = TABLE_METRICS
+    batch_size: int = 64                    # sampling: images per forward per process
+    part_size: int = 256                    # sampling: images per resumable part file
+    extra_sampler: dict = field(default_factory=dict)  # other SamplerConfig fields (atol, diffusion_form)
+
+    def sampler(self):
+        from vit5_sit.transport import SamplerConfig
+
+        try:
+            return SamplerConfig(mode=self.mode, method=self.method, steps=self.steps, **self.extra_sampler)
+        except (TypeError, ValueError) as e:
+            raise CompareError(str(e)) from None
+
+    def tag(self) -> str:
+        """The cache folder name under RUN/eval/: every setting that changes the images."""
+        parts = [f"n{self.num_samples}", f"seed{self.seed}", self.mode, self.method]
+        if self.method in ("euler", "heun"):
+            parts.append(f"{self.steps}steps")
+        parts.append(f"cfg{self.cfg_scale:g}")
+        if tuple(self.guidance_interval) != (0.0, 1.0):
+            parts.append(f"gi{self.guidance_interval[0]:g}-{self.guidance_interval[1]:g}")
+        if self.extra_sampler:
+            parts.append(_short_hash(self.extra_sampler))
+        return "_".join(parts)
+
+
+def _short_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _file_key(path: Path) -> dict:
+    path = Path(path)
+    if path.is_file():
+        st = path.stat()
+        return {"path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"path": str(path.resolve())}
+
+
+class _Evaluator:
+    """The Inception and the reference features, loaded once and only when some metric must be computed."""
+
+    def __init__(self, reference, metrics, inception_weights, device, batch_size, progress):
+        self.reference_arg, self.metrics = reference, metrics
+        self.inception_weights, self.device, self.progress = inception_weights, device, progress
+        self.batch_size = batch_size
+        self._inception, self._reference = None, None
+        location = find_inception_weights(inception_weights)
+        ref_path = Path(reference) if isinstance(reference, str | Path) else None
+        self.key = {
+            "reference": _file_key(ref_path) if ref_path is not None else str(reference),
+            "inception": str(location.path or location.url),
+            "metrics": list(metrics),
+        }
+
+    def inception(self):
+        if self._inception is None:
+            self._inception = load_inception(self.inception_weights, self.device)
+        return self._inception
+
+    def reference(self) -> Reference:
+        """The reference with its features computed once (not once per checkpoint) when it has images only."""
+        if self._reference is None:
+            ref = open_reference(self.reference_arg)
+            needs_features = any(m in ("precision", "recall", "kid") for m in self.metrics) or ref.mu is None
+            if ref.features is None and ref.images is not None and needs_features:
+                feats = compute_features(ref.images, self.inception(), self.batch_size,
+                                         progress=self.progress, desc="reference").pool
+                mu, sigma = (ref.mu, ref.sigma) if ref.mu is not None else feature_statistics(feats)
+                ref = Reference(ref.description, mu, sigma, features=feats,
+                                inception_weights=self.inception().describe())
+            self._reference = ref
+        return self._reference
+
+    def __call__(self, samples: Path) -> dict:
+        return evaluate(samples, self.reference(), self.metrics, inception=self.inception(),
+                        batch_size=self.batch_size, progress=self.progress)
+
+
+def _run_checkpoints(run: Path, log) -> list:
+    from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+
+    if not run.is_dir():
+        raise CompareError(f"{run}: no such run folder")
+    if not (run / "config.yaml").is_file():
+        raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote")
+    found = []
+    for ckpt in list_checkpoints(run):
+        try:
+            verify_checkpoint(ckpt.path)
+        except CheckpointError as e:
+            log(f"warning: skipping {ckpt.path}: {e}")
+            continue
+        found.append(ckpt)
+    if not found:
+        raise CompareError(f"{run}: no valid checkpoints in {run / 'checkpoints'}")
+    return found
+
+
+def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = None, *,
+                 inception_weights=None,          # Inception weights file; None searches (see eval.inception)
+                 device=None,                     # None: this process's device
+                 inception_batch_size: int = 64,  # images per Inception forward
+                 progress: bool = True,
+                 log=print,
+                 ) -> list[dict]:
+    """Evaluate every checkpoint of every run; write compare.md, compare.json and fid_vs_step.png.
+
+    Collective under `accelerate launch`: the processes share the sampling; the main process evaluates
+    and writes. Returns the rows (run, run_dir, step, metrics, skipped), also on the other processes
+    (without metrics there).
+    """
+    import torch
+
+    from vit5_sit import distributed as dist
+    from vit5_sit.checkpoint import load_for_sampling, model_identity
+    from vit5_sit.config import load_config
+    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
+    from vit5_sit.transport import Transport
+
+    settings = settings or CompareSettings()
+    metrics = parse_metrics(settings.metrics)
+    sampler = settings.sampler()
+    runs = [Path(r) for r in runs]
+    if not runs:
+        raise CompareError("no runs given")
+    names = _run_names(runs)
+    plan = [(run, names[run], _run_checkpoints(run, log)) for run in runs]
+    evaluator = None
+    if dist.is_main():
+        evaluator = _Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)
+    device = torch.device(device) if device is not None else dist.device()
+
+    rows = []
+    for run, name, checkpoints in plan:
+        cache = run / "eval" / settings.tag()
+        cfg = load_config(run / "config.yaml")
+        vae = cfg.data.vae if cfg.data.kind == "latents" else None
+        for ckpt in checkpoints:
+            samples = cache / f"{ckpt.path.name}.npz"
+            options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
+                           guidance_interval=tuple(settings.guidance_interval), vae=vae,
+                           identity=model_identity(ckpt.path))
+            manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
+            if dist.is_main():
+                log(f"{name} step {ckpt.step}: {samples}")
+            if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
+                model, _ = load_for_sampling(ckpt.path, device=device)
+                sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress,
+                              part_size=settings.part_size, batch_size=settings.batch_size, device=device,
+                              **options)
+                del model
+            row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
+            if dist.is_main():
+                row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
+            rows.append(row)
+    if dist.is_main():
+        write_outputs(rows, Path(out_dir), settings, evaluator.key)
+    dist.barrier()
+    return rows
+
+
+def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -> dict:
+    key = {**evaluator.key, "samples": hashlib.sha256(manifest.read_bytes()).hexdigest()}
+    path = samples.with_name(f"{samples.stem}.metrics-{_short_hash(key)}.json")
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("key") == key:
+                return cached["result"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    result = evaluator(samples)
+    keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "num_samples", "num_reference",
+                                   "inception_weights", "skipped") if k in result}
+    from vit5_sit.utils import atomic_write_text
+
+    atomic_write_text(path, json.dumps({"key": key, "result": keep}, indent=1))
+    log("  " + ", ".join(f"{m} {keep[m]:.4g}" for m in TABLE_METRICS if m in keep))
+    return keep
+
+
+def _run_names(runs: list[Path]) -> dict[Path, str]:
+    """Folder names, or longer paths where two runs share a folder name."""
+    names = {}
+    for run in runs:
+        name = run.name or str(run)
+        if sum(r.name == run.name for r in runs) > 1:
+            name = str(run)
+        names[run] = name
+    return names
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs.
+
+def _fmt(row: dict, metric: str) -> str:
+    value = row.get(metric)
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if metric == "is" and "is_std" in row:
+        return f"{value:.2f} ± {row['is_std']:.2f}"
+    return f"{value:.2f}" if metric in ("fid", "is") else f"{value:.3f}"
+
+
+def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
+    """The markdown of compare.md: settings, one table row per (run, step), notes on n/a metrics."""
+    shown = [m for m in TABLE_METRICS if m in settings.metrics]
+    labels = {"fid": "FID", "is": "IS", "precision": "precision", "recall": "recall"}
+    s = settings
+    interval = tuple(s.guidance_interval)
+    guided = f", guidance interval {list(interval)}" if interval != (0.0, 1.0) else ""
+    steps = f" {s.steps} steps" if s.method in ("euler", "heun") else ""
+    ref = key["reference"]["path"] if isinstance(key["reference"], dict) else key["reference"]
+    lines = [
+        "# Runs compared checkpoint by checkpoint",
+        "",
+        f"{s.num_samples} samples per checkpoint (seeds {s.seed}..{s.seed + s.num_samples - 1}, classes "
+        f"balanced); sampler {s.mode}/{s.method}{steps}, cfg scale {s.cfg_scale:g}{guided}.",
+        f"Reference: {ref}; Inception weights: {key['inception']}.",
+        "",
+        "| run | step | " + " | ".join(labels[m] for m in shown) + " |",
+        "|---|---:|" + "---:|" * len(shown),
+    ]
+    for row in rows:
+        lines.append(f"| {row['run']} | {row['step']} | " + " | ".join(_fmt(row, m) for m in shown) + " |")
+    notes = {}
+    for row in rows:
+        for metric, reason in row.get("skipped", {}).items():
+            notes.setdefault(metric, reason)
+    if notes:
+        lines.append("")
+        for metric, reason in notes.items():
+            if metric == "is" and reason == NO_LOGITS_REASON:
+                reason = ("the Inception weights in use have no classifier layer (logits), so Inception "
+                          "Score cannot be computed. " + NO_LOGITS_REASON)
+            lines.append(f"- {labels.get(metric, metric)} n/a: {reason}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_fid(rows: list[dict], path: Path, title: str) -> None:
+    """FID against training step, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for name in dict.fromkeys(r["run"] for r in rows):
+        points = sorted((r["step"], r["fid"]) for r in rows if r["run"] == name and r.get("fid") is not None)
+        if points:
+            steps, fids = zip(*points)
+            ax.plot(steps, fids, marker="o", label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("FID")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, key: dict) -> None:
+    from vit5_sit.utils import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows, settings, key)
+    atomic_write_text(out_dir / "compare.md", table)
+    payload = {"settings": dataclasses.asdict(settings), "reference": key["reference"],
+               "inception": key["inception"], "rows": rows}
+    atomic_write_text(out_dir / "compare.json", json.dumps(payload, indent=1, default=_json_default) + "\n")
+    title = (f"FID-{settings.num_samples}, {settings.mode}/{settings.method}"
+             + (f" {settings.steps} steps" if settings.method in ("euler", "heun") else "")
+             + f", cfg {settings.cfg_scale:g}")
+    plot_fid(rows, out_dir / "fid_vs_step.png", title)
+    print(table)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)

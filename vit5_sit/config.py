@@ -21,7 +21,6 @@ import yaml
 from vit5_sit.models import PRESETS, ModelConfig, model_config
 from vit5_sit.transport import SamplerConfig, TransportConfig
 
-
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
 

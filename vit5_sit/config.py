@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 class ModelSection:
     """A preset plus overrides of any `ModelConfig` field (resolved by `ExperimentConfig.model_config`)."""
 
-    preset: str = "ViT5-T/2"
+    preset: str = "ViT5-T/4"
     overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig field -> value
 
 

@@ -1,0 +1,54 @@
+"""Export a run's EMA weights as a small model folder (the bundled demo: ``vit5_sit/assets/demo``).
+
+    python -m vit5_sit.demo export runs/mnist-vit5                 # newest valid checkpoint -> assets/demo
+    python -m vit5_sit.demo export runs/mnist-vit5 --out my_model  # any folder; sample.py --ckpt my_model
+
+The folder holds ``config.yaml`` (the run's resolved config) and ``ema.safetensors`` in float16 (half the
+size; the model is cast back to float32 when loaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, resolve_checkpoint
+from vit5_sit.config import load_config, save_config
+
+
+def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16) -> Path:
+    """Write ``out/config.yaml`` and ``out/ema.safetensors`` from a run or checkpoint folder."""
+    folder, config_path = resolve_checkpoint(run_or_ckpt)
+    cfg = load_config(config_path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ema = load_file(str(folder / "ema.safetensors"))
+    save_file({k: v.to(dtype).contiguous() for k, v in ema.items()}, str(out / "ema.safetensors"),
+              metadata={"source": str(folder)})
+    save_config(cfg, out / "config.yaml")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="export a run's EMA weights as a model folder")
+    e.add_argument("run", help="run folder (newest valid checkpoint) or checkpoint folder")
+    e.add_argument("--out", default=str(DEMO_MODEL), help=f"model folder (default: {DEMO_MODEL})")
+    args = p.parse_args(argv)
+    try:
+        out = export_model(args.run, args.out)
+    except ModelLoadError as err:
+        print(f"error: {args.run}: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.run} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 # The small-scale backbone study: SiT-T/4 vs ViT5-T/4, same size, data, seed and budget, on a CPU.
 # Trains both (in parallel, one core each), then samples and evaluates every checkpoint with real
 # Inception features, and writes docs/study/compare.{md,json} and docs/study/fid_vs_step.png.
-#   bash docs/study/run_study.sh            # ~30 min training + ~15 min evaluation on 2 cores
+#   bash docs/study/run_study.sh            # ~45 min training + ~15 min evaluation on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/study}

@@ -74,8 +74,21 @@ def compared(runs, tmp_path_factory):
     """The first comparison (samples and evaluates everything), shared by the tests below."""
     run_dirs, ref = runs
     out = tmp_path_factory.mktemp("out")
-    rows = compare.compare_runs(run_dirs, ref, out, SETTINGS, progress=False, log=lambda msg: None)
+    with _one_blas_thread():
+        rows = compare.compare_runs(run_dirs, ref, out, SETTINGS, progress=False, log=lambda msg: None)
     return rows, out
+
+
+def _one_blas_thread():
+    """FID's 2048-d eigendecompositions take ~1.5 s on one OpenBLAS thread but ~20 s with two on a shared
+    2-core machine (threads spinning against other processes); limit BLAS to one thread when we can."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 @pytest.mark.slow

@@ -374,3 +374,24 @@ def test_official_file_with_imagenet_names(latent_model_dir, tmp_path, capsys):
     assert "--ckpt:" in err and "input_size" in err and "--image-size sets" in err
     assert _run("--ckpt", official, "--image-size", 36, "--out", tmp_path / "g.png") == 2
     assert "multiple of 8" in capsys.readouterr().err
+
+
+def test_adaptive_solver_resume_needs_the_same_batches(model_dir, tmp_path, monkeypatch, capsys):
+    """dopri5 shares its step sizes within a batch, so its parts record the batch size."""
+    out = tmp_path / "s.npz"
+    args = ["--ckpt", model_dir, "--out", out, "--method", "dopri5", "--num-samples", 6, "--part-size", 3]
+    real = generate.sample_images
+
+    def interrupted(*a, **k):
+        if generate.parts_dir(out).joinpath("part_000000.npz").exists():
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(generate, "sample_images", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run(*args, "--batch-size", 3)
+    monkeypatch.setattr(generate, "sample_images", real)
+    assert _run(*args, "--batch-size", 2) == 2
+    assert "batches" in capsys.readouterr().err
+    assert _run(*args, "--batch-size", 3) == 0
+    assert np.load(out)["arr_0"].shape == (6, 8, 8, 3)

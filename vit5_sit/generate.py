@@ -2,8 +2,9 @@
 
 Noise is seeded per sample (one generator per seed), so the image a seed gives does not depend on the
 batch size or on the number of processes (adaptive ODE solvers excepted: their step sizes are shared by a
-batch). Mass sampling (`sample_to_npz`) relies on this: sample i has seed ``seed + i`` wherever and
-whenever it is drawn, so an interrupted run that is started again produces exactly the same file.
+batch, so mass sampling records and enforces the batch sizes for them). Mass sampling (`sample_to_npz`)
+relies on this: sample i has seed ``seed + i`` wherever and whenever it is drawn, so an interrupted run
+that is started again produces exactly the same file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vit5_sit.transport import (
 from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
+FIXED_STEP_METHODS = ("euler", "heun")  # adaptive ODE solvers share step sizes within a batch
 GRID_MIN_CELL = 64     # labelled grids enlarge smaller images (nearest neighbour) to at least this size
 
 
@@ -202,21 +204,25 @@ def npz_is_complete(out: str | Path, manifest: dict) -> bool:
 def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_samples: int,
                       classes: Sequence[int] | None = None, seed: int = 0, cfg_scale: float = 1.0,
                       guidance_interval: tuple[float, float] = (0.0, 1.0), guide_channels: int | None = None,
-                      vae=None, image_size: int | None = None, identity: dict | None = None) -> dict:
-    """Everything that decides the images of `sample_to_npz` (not the batch size, the part size or the
-    number of processes).
+                      vae=None, image_size: int | None = None, identity: dict | None = None,
+                      part_size: int = PART_SIZE, batch_size: int = 64) -> dict:
+    """Everything that decides the images of `sample_to_npz`: not the number of processes, and not the part
+    and batch sizes either, except for adaptive ODE solvers, whose step sizes are shared by a batch.
 
     Computable without loading the model (model_cfg is its ModelConfig), so callers can skip the loading
     when ``npz_is_complete(out, manifest)``.
     """
     classes = list(range(model_cfg.num_classes)) if classes is None else [int(c) for c in classes]
     vae_name = None if vae is None else vae if isinstance(vae, str | Path) else type(vae).__name__
-    return _jsonable({
+    manifest = {
         "num_samples": num_samples, "seed": seed, "classes": classes, "sampler": sampler,
         "transport": transport_cfg, "cfg_scale": cfg_scale, "guidance_interval": list(guidance_interval),
         "guide_channels": guide_channels,
         "image_size": image_size or model_cfg.input_size, "vae": vae_name, "model": identity or {},
-    })
+    }
+    if sampler.mode == "ode" and sampler.method not in FIXED_STEP_METHODS:
+        manifest["batches"] = {"part_size": part_size, "batch_size": batch_size}
+    return _jsonable(manifest)
 
 
 def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
@@ -259,7 +265,7 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
     manifest = sampling_manifest(
         cfg, transport.cfg, sampler, num_samples=num_samples, classes=classes, seed=seed, cfg_scale=cfg_scale,
         guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae, image_size=image_size,
-        identity=identity)
+        identity=identity, part_size=part_size, batch_size=batch_size)
     if npz_is_complete(out, manifest):
         dist.print0(f"{out}: already complete ({num_samples} images with these settings)")
         return out

@@ -185,15 +185,15 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
             samples = cache / f"{ckpt.path.name}.npz"
             options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
                            guidance_interval=tuple(settings.guidance_interval), vae=vae,
-                           identity=model_identity(ckpt.path))
+                           identity=model_identity(ckpt.path), part_size=settings.part_size,
+                           batch_size=settings.batch_size)
             manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
             if dist.is_main():
                 log(f"{name} step {ckpt.step}: {samples}")
             if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
                 model, _ = load_for_sampling(ckpt.path, device=device)
                 sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress,
-                              part_size=settings.part_size, batch_size=settings.batch_size, device=device,
-                              **options)
+                              device=device, **options)
                 del model
             row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
             if dist.is_main():

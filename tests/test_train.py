@@ -152,11 +152,14 @@ def test_two_processes_match_one_process(tmp_path):
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "one", data),
                           "train.max_steps=4"], env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+    # On a machine without GPUs, accelerate's --multi_gpu launcher starts gloo CPU processes (--cpu would
+    # start one process only).
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                           str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data), "train.max_steps=4"],
                          env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 process(es) (MULTI_CPU), per-process batch 2" in two.stdout, two.stdout[-2000:]
     assert [c.step for c in list_checkpoints(tmp_path / "two")] == [2, 4]
     a, b = _final(tmp_path / "one"), _final(tmp_path / "two")
     for k in a:

@@ -127,6 +127,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     run_dir = cfg.run_dir
     trackers = [] if cfg.log.tracker == "none" else [cfg.log.tracker]
     accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),  # without it, CPU processes of a multi-process launch don't join
         mixed_precision=tc.mixed_precision,
         gradient_accumulation_steps=tc.grad_accum,
         log_with=trackers or None,
@@ -139,6 +140,8 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             f"train.global_batch_size={tc.global_batch_size} is not divisible by processes ({world}) x "
             f"train.grad_accum ({tc.grad_accum}); choose a multiple of {world * tc.grad_accum}")
     micro = tc.global_batch_size // (world * tc.grad_accum)
+    log(f"{world} process(es) ({accelerator.distributed_type.value}), per-process batch {micro} x "
+        f"{tc.grad_accum} accumulation = global batch {tc.global_batch_size}")
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
         torch.backends.cudnn.allow_tf32 = tc.tf32

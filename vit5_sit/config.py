@@ -65,6 +65,7 @@ class TrainConfig:
     warmup_steps: int = 0                  # linear lr warm-up; 0 = constant lr (SiT)
     grad_clip: float | None = None         # max global grad norm; None = no clipping (SiT)
     ema_decay: float = 0.9999
+    ema_warmup: bool = False               # decay min(ema_decay, (1+n)/(10+n)) at update n (short runs)
     mixed_precision: str = "no"            # 'no', 'bf16' or 'fp16'
     compile: bool = False                  # torch.compile the model
     grad_checkpointing: bool = False       # recompute block activations in the backward pass

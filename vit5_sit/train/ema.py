@@ -9,17 +9,28 @@ from torch import nn
 
 
 class EMA:
-    """A frozen fp32 copy of a model whose parameters track ``decay * ema + (1 - decay) * live``."""
+    """A frozen fp32 copy of a model whose parameters track ``decay * ema + (1 - decay) * live``.
 
-    def __init__(self, model: nn.Module, decay: float) -> None:
-        self.decay = decay
+    ``warmup``: use ``min(decay, (1 + n) / (10 + n))`` at the n-th update, so that a short run's average is
+    not dominated by the (zero-output, adaLN-Zero) initial weights: with decay 0.999 and no warm-up, 30% of
+    the average after 1,200 steps is still the initialisation. SiT has no warm-up (decay 0.9999 over
+    hundreds of thousands of steps), so the ImageNet configs keep it off.
+    """
+
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = False) -> None:
+        self.decay, self.warmup, self.num_updates = decay, warmup, 0
         self.model = copy.deepcopy(model).float().eval().requires_grad_(False)
+
+    def current_decay(self) -> float:
+        n = self.num_updates
+        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         ema_params = list(self.model.parameters())
         live = [p.detach().float() for p in model.parameters()]
-        torch._foreach_lerp_(ema_params, live, 1.0 - self.decay)
+        torch._foreach_lerp_(ema_params, live, 1.0 - self.current_decay())
+        self.num_updates += 1
         for b_ema, b in zip(self.model.buffers(), model.buffers()):
             b_ema.copy_(b)
 

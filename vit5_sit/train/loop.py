@@ -164,7 +164,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     mcfg = cfg.model_config()
     model = create_model(mcfg)
     model.label_dropout = False  # drawn below with the step's noise instead
-    ema = EMA(model, tc.ema_decay)
+    ema = EMA(model, tc.ema_decay, warmup=tc.ema_warmup)
     transport = Transport(cfg.transport)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(tc.beta1, tc.beta2))
@@ -175,6 +175,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         ema.load_state_dict(ema_sd)
         optimizer.load_state_dict(state["optimizer"])
         step, nonfinite_total = int(state["step"]), int(state.get("nonfinite_total", 0))
+        ema.num_updates = int(state.get("ema_updates", step))
         log(f"resumed from {getattr(start_ckpt, 'path', start_ckpt)} at step {step}")
     if tc.grad_checkpointing:
         model.set_grad_checkpointing(True)
@@ -262,6 +263,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 state = {"optimizer": optimizer.state_dict(), "nonfinite_total": nonfinite_total,
+                         "ema_updates": ema.num_updates,
                          "samples_seen": step * tc.global_batch_size}
                 save_checkpoint(run_dir, step, accelerator.unwrap_model(model).state_dict(), ema.state_dict(),
                                 state, keep_last=tc.keep_last)

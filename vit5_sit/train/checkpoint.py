@@ -9,7 +9,6 @@ that is never mistaken for a checkpoint, and a truncated or corrupted file fails
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vit5_sit.utils import atomic_write_text
+from vit5_sit.utils import atomic_write_text, file_digest
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
 PREFIX = "step_"
@@ -51,14 +50,6 @@ def list_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fsync(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -79,7 +70,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
     files = {}
     for name in CHECKPOINT_FILES:
         _fsync(tmp / name)
-        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
     atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "files": files}, indent=1))
     if final.exists():  # an older write of the same step (e.g. a re-run): replace it
         shutil.rmtree(final)
@@ -111,7 +102,7 @@ def verify_checkpoint(path: str | Path, check_hash: bool = True) -> None:
         size = f.stat().st_size
         if size != info["bytes"]:
             raise CheckpointError(f"{f}: {size} bytes, expected {info['bytes']} (truncated?)")
-        if check_hash and _sha256(f) != info["sha256"]:
+        if check_hash and file_digest(f) != info["sha256"]:
             raise CheckpointError(f"{f}: sha256 mismatch (corrupted)")
 
 

@@ -311,4 +311,5 @@ def _sample_grid(cfg: ExperimentConfig, model: DiT, transport: Transport, run_di
     seeds = list(range(lc.sample_seed, lc.sample_seed + len(classes)))
     images = sample_images(model, transport, cfg.sampler, classes, seeds, cfg_scale=lc.sample_cfg_scale,
                            vae=cfg.data.vae if cfg.data.kind == "latents" else None, device=device)
-    save_grid(images, run_dir / "samples" / f"step_{step:07d}.png", ncol=lc.sample_per_class)
+    save_labelled_grid(images, run_dir / "samples" / f"step_{step:07d}.png", ncol=lc.sample_per_class,
+                       row_labels=[f"class {c}" for c in lc.sample_classes])

@@ -304,7 +304,7 @@ def _flat_hparams(cfg: ExperimentConfig) -> dict:
 
 def _sample_grid(cfg: ExperimentConfig, model: DiT, transport: Transport, run_dir: Path, step: int,
                  device: torch.device) -> None:
-    from vit5_sit.generate import sample_images
+    from vit5_sit.generate import sample_images, save_labelled_grid
 
     lc = cfg.log
     classes = [c for c in lc.sample_classes for _ in range(lc.sample_per_class)]

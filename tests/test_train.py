@@ -55,8 +55,10 @@ def test_pixel_space_few_steps_with_a_corrupt_image(tmp_path, capsys, caplog):
     data = _image_folder(tmp_path / "data", corrupt=True)
     run = _train([*TINY, f"output_dir={tmp_path}", "name=px", "data.kind=images", f"data.path={data}",
                   "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
-                  "train.max_steps=3"])
+                  "train.max_steps=3", "log.sample_every=3", "log.sample_classes=[0,1]", "log.sample_per_class=2",
+                  "sampler.steps=2"])
     assert [c.step for c in list_checkpoints(run)] == [2, 3]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_0000000.png", "step_0000003.png"]
     assert (run / "config.yaml").is_file()
     assert any("broken.png" in r.getMessage() for r in caplog.records)  # warned when met
     assert "1 unreadable image(s) skipped" in capsys.readouterr().out  # and counted at the end

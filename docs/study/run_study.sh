@@ -18,5 +18,5 @@ wait
 # Reference statistics of 1,000 real digits (100 per class), computed once.
 python -m vit5_sit.data mnist data/mnist32-ref --resolution 32 --limit-per-class 100
 [ -f "$OUT/mnist_ref.npz" ] || python eval_fid.py ref --data data/mnist32-ref --out "$OUT/mnist_ref.npz"
-python eval_fid.py compare "$OUT/mnist-sit" "$OUT/mnist-vit5" --ref "$OUT/mnist_ref.npz" \
-    --num-samples "$NUM_SAMPLES" --out docs/study
+OMP_NUM_THREADS=1 python eval_fid.py compare "$OUT/mnist-sit" "$OUT/mnist-vit5" --ref "$OUT/mnist_ref.npz" \
+    --num-samples "$NUM_SAMPLES" --sampler ode --method heun --steps 15 --metrics fid,pr --out docs/study

@@ -40,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    from vit5_sit.train.checkpoint import CheckpointError
     from vit5_sit.train.loop import TrainingError, train
 
     try:
         run_dir = train(cfg, resume=args.resume)
-    except (TrainingError, ConfigError, FileNotFoundError, ValueError) as e:
+    except (TrainingError, ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"done: {run_dir}")

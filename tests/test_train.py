@@ -212,3 +212,18 @@ def test_cli_errors_are_one_clear_line(args, message):
                          text=True, cwd=ROOT)
     assert res.returncode == 2
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_data_and_model_shapes_must_agree(tmp_path):
+    from vit5_sit.train.loop import TrainingError
+
+    data = _image_folder(tmp_path / "data")
+    with pytest.raises(TrainingError, match=r"model.in_channels=3 model.input_size=8"):
+        _train(_cli_overrides(tmp_path, "shape", data) + ["model.input_size=16"])
+
+
+def test_resume_from_a_missing_checkpoint_is_one_line(tmp_path):
+    data = _image_folder(tmp_path / "data")
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "r", data),
+                          "--resume", str(tmp_path / "nope")], env=_env(), capture_output=True, text=True)
+    assert res.returncode == 2 and "no meta.json" in res.stderr and "Traceback" not in res.stderr

@@ -188,6 +188,13 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
 
     # Data: our own sampler shards the stream, so the loader is not passed through accelerate.
     dataset = build_training_dataset(cfg)
+    data_shape = tuple(getattr(dataset, "sample_shape", ()) or ())
+    model_shape = (mcfg.in_channels, mcfg.input_size, mcfg.input_size)
+    if data_shape and data_shape != model_shape:
+        raise TrainingError(
+            f"the data gives samples of shape {data_shape} but the model expects {model_shape}; set "
+            f"model.in_channels={data_shape[0]} model.input_size={data_shape[1]} (or fix data.resolution / "
+            f"data.channels)")
     sampler = StepSampler(len(dataset), tc.seed, micro, world, rank, tc.grad_accum, start_step=step)
     loader = DataLoader(EpochIndexed(dataset), batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers,
                         pin_memory=torch.cuda.is_available(), drop_last=True,
@@ -196,7 +203,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     if trackers:
         accelerator.init_trackers(cfg.log.project, config=_flat_hparams(cfg))
 
-    shape = (mcfg.in_channels, mcfg.input_size, mcfg.input_size)
+    shape = model_shape
     null_class = mcfg.num_classes
     drop_prob = mcfg.class_dropout_prob
     model.train()

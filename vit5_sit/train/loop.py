@@ -134,6 +134,11 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
     log = log_fn or (lambda msg: accelerator.print(msg))
+    if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise TrainingError(
+            f"{accelerator.distributed_type.value} is not supported yet: the EMA and the checkpoint writer need "
+            "each process to hold the full parameters. Launch with plain data parallelism "
+            "(accelerate launch --multi_gpu ...); the XL models fit on one 80 GB GPU.")
     world, rank = accelerator.num_processes, accelerator.process_index
     if tc.global_batch_size % (world * tc.grad_accum):
         raise TrainingError(

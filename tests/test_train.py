@@ -168,6 +168,61 @@ def test_two_processes_match_one_process(tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
+def _launch_two(tmp_path: Path, name: str, data: Path, *overrides: str, resume: bool = False):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"),
+           *_cli_overrides(tmp_path, name, data), *overrides, *(["--resume", "auto"] if resume else [])]
+    run = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
+    """FSDP2 over 2 gloo processes (sharded params, AdamW state and EMA; grad accumulation; clipping; the
+    sample grid gathered from the shards): checkpoints are full tensors in the usual format, the run resumes
+    sharded, and it ends where the one-process run ends."""
+    data = _image_folder(tmp_path / "data")
+    common = ["model.depth=2", "train.grad_clip=0.5", "train.max_steps=4"]
+    one = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "one", data), *common],
+                         env=_env(), capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    fsdp = ["train.fsdp=true", "train.grad_accum=2", "log.sample_every=2", "log.sample_classes=[0,1]",
+            "log.sample_per_class=1", "sampler.steps=2"]
+    first = _launch_two(tmp_path, "fsdp", data, *common, *fsdp, "train.max_steps=2")
+    assert "FSDP2: each transformer block, the model and the EMA sharded over 2 processes" in first.stdout
+    assert [c.step for c in list_checkpoints(tmp_path / "fsdp")] == [2]
+    second = _launch_two(tmp_path, "fsdp", data, *common, *fsdp, resume=True)
+    assert "resumed from" in second.stdout + second.stderr
+    assert [c.step for c in list_checkpoints(tmp_path / "fsdp")] == [2, 4]
+    assert sorted(p.name for p in (tmp_path / "fsdp" / "samples").iterdir()) == [
+        "step_0000000.png", "step_0000002.png", "step_0000004.png"]
+    a, b = _final(tmp_path / "one"), _final(tmp_path / "fsdp")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape, k
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+    opt_a, opt_b = (torch.load(list_checkpoints(tmp_path / r)[-1].path / "state.pt", weights_only=True)["optimizer"]
+                    for r in ("one", "fsdp"))
+    assert opt_a["state"].keys() == opt_b["state"].keys()
+    for i in opt_a["state"]:
+        for k, v in opt_a["state"][i].items():
+            torch.testing.assert_close(v, opt_b["state"][i][k], atol=1e-6, rtol=1e-4, msg=f"{i}.{k}")
+
+
+def test_fsdp_refuses_fp16_with_a_clear_message():
+    from types import SimpleNamespace
+
+    from vit5_sit.train.loop import TrainingError, _use_fsdp
+
+    cfg = load_config(None, [*TINY, "train.fsdp=true", "train.mixed_precision=fp16"])
+    acc = SimpleNamespace(distributed_type=SimpleNamespace(value="MULTI_GPU"))
+    with pytest.raises(TrainingError, match="fp16 is not supported with FSDP.*bf16"):
+        _use_fsdp(cfg, acc, 2, print)
+    logs = []
+    assert _use_fsdp(cfg, acc, 1, logs.append) is False and "one process" in logs[0]
+
+
 def test_truncated_newest_checkpoint_falls_back(tmp_path, capsys):
     data = _image_folder(tmp_path / "data")
     run = _train(_cli_overrides(tmp_path, "trunc", data) + ["train.max_steps=4"])

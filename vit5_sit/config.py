@@ -69,6 +69,7 @@ class TrainConfig:
     mixed_precision: str = "no"            # 'no', 'bf16' or 'fp16'
     compile: bool = False                  # torch.compile the model
     grad_checkpointing: bool = False       # recompute block activations in the backward pass
+    fsdp: bool = False                     # shard params, grads, AdamW state and EMA over processes (FSDP2)
     tf32: bool = True                      # TF32 matmuls on Ampere+ GPUs
     seed: int = 0
     ckpt_every: int = 50_000               # steps between checkpoints

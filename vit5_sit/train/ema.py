@@ -7,6 +7,8 @@ import copy
 import torch
 from torch import nn
 
+from vit5_sit.train.sharding import full_state, local
+
 
 class EMA:
     """A frozen fp32 copy of a model whose parameters track ``decay * ema + (1 - decay) * live``.
@@ -15,6 +17,9 @@ class EMA:
     not dominated by the (zero-output, adaLN-Zero) initial weights: with decay 0.999 and no warm-up, 30% of
     the average after 1,200 steps is still the initialisation. SiT has no warm-up (decay 0.9999 over
     hundreds of thousands of steps), so the ImageNet configs keep it off.
+
+    Under FSDP the copy is sharded like the model (``shard_model(ema.model, ...)``): each process averages
+    its own shards, and :meth:`state_dict` gathers the full tensors (then every process must call it).
     """
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = False) -> None:
@@ -27,15 +32,16 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        ema_params = list(self.model.parameters())
-        live = [p.detach().float() for p in model.parameters()]
+        ema_params = [local(p) for p in self.model.parameters()]
+        live = [local(p.detach()).float() for p in model.parameters()]
         torch._foreach_lerp_(ema_params, live, 1.0 - self.current_decay())
         self.num_updates += 1
         for b_ema, b in zip(self.model.buffers(), model.buffers()):
             b_ema.copy_(b)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
+        """Full tensors on the CPU (gathered from all processes when sharded)."""
+        return full_state(self.model.state_dict())
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state, strict=True)

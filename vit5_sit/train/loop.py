@@ -9,6 +9,7 @@ samples on one process or on many.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from vit5_sit.train.checkpoint import (
     save_checkpoint,
 )
 from vit5_sit.train.ema import EMA
+from vit5_sit.train.sharding import full_state, full_tensor, is_sharded, shard_model, shard_optimizer_state
 from vit5_sit.transport import Transport
 
 
@@ -134,11 +136,11 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
     log = log_fn or (lambda msg: accelerator.print(msg))
-    if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+    if accelerator.distributed_type.value in ("DEEPSPEED", "MEGATRON_LM"):
         raise TrainingError(
-            f"{accelerator.distributed_type.value} is not supported yet: the EMA and the checkpoint writer need "
-            "each process to hold the full parameters. Launch with plain data parallelism "
-            "(accelerate launch --multi_gpu ...); the XL models fit on one 80 GB GPU.")
+            f"{accelerator.distributed_type.value} is not supported: launch with data parallelism "
+            "(accelerate launch --multi_gpu ...) or with FSDP (train.fsdp=true, or an accelerate config with "
+            "distributed_type: FSDP)")
     world, rank = accelerator.num_processes, accelerator.process_index
     if tc.global_batch_size % (world * tc.grad_accum):
         raise TrainingError(
@@ -147,6 +149,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     micro = tc.global_batch_size // (world * tc.grad_accum)
     log(f"{world} process(es) ({accelerator.distributed_type.value}), per-process batch {micro} x "
         f"{tc.grad_accum} accumulation = global batch {tc.global_batch_size}")
+    sharded = _use_fsdp(cfg, accelerator, world, log)
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
         torch.backends.cudnn.allow_tf32 = tc.tf32
@@ -171,25 +174,30 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     model.label_dropout = False  # drawn below with the step's noise instead
     ema = EMA(model, tc.ema_decay, warmup=tc.ema_warmup)
     transport = Transport(cfg.transport)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
-                                  betas=(tc.beta1, tc.beta2))
-    step, nonfinite_total = 0, 0
+    step, nonfinite_total, optimizer_state = 0, 0, None
     if start_ckpt is not None:
         model_sd, ema_sd, state = load_checkpoint(getattr(start_ckpt, "path", start_ckpt))
         model.load_state_dict(model_sd, strict=True)
         ema.load_state_dict(ema_sd)
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer_state = state["optimizer"]
         step, nonfinite_total = int(state["step"]), int(state.get("nonfinite_total", 0))
         ema.num_updates = int(state.get("ema_updates", step))
         log(f"resumed from {getattr(start_ckpt, 'path', start_ckpt)} at step {step}")
     if tc.grad_checkpointing:
         model.set_grad_checkpointing(True)
+    ema.model.to(accelerator.device)
+    if sharded:  # the optimizer must be built over the shards
+        shard_model(model.to(accelerator.device), accelerator.device.type)
+        shard_model(ema.model, accelerator.device.type)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
+                                  betas=(tc.beta1, tc.beta2))
+    if optimizer_state is not None:
+        optimizer.load_state_dict(shard_optimizer_state(optimizer_state, optimizer) if sharded else optimizer_state)
     if tc.compile:
         model = torch.compile(model)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    ema.model.to(accelerator.device)
 
     # Data: our own sampler shards the stream, so the loader is not passed through accelerate.
     dataset = build_training_dataset(cfg)
@@ -204,7 +212,9 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     loader = DataLoader(EpochIndexed(dataset), batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers,
                         pin_memory=torch.cuda.is_available(), drop_last=True,
                         persistent_workers=cfg.data.num_workers > 0)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not sharded:  # sharded: our FSDP2 wrapping, autocast below, no DDP wrapper
+        model, optimizer = accelerator.prepare(model, optimizer)
+    autocast = accelerator.autocast if sharded else contextlib.nullcontext
     if trackers:
         accelerator.init_trackers(cfg.log.project, config=_flat_hparams(cfg))
 
@@ -216,8 +226,8 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     bar = tqdm(total=tc.max_steps, initial=step, disable=not accelerator.is_main_process, desc="train",
                dynamic_ncols=True)
     nonfinite_run, t_last, images_since = 0, time.perf_counter(), 0
-    if cfg.log.sample_every and step == 0 and accelerator.is_main_process:
-        _sample_grid(cfg, ema.model, transport, run_dir, step, accelerator.device)
+    if cfg.log.sample_every and step == 0:
+        _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
     while step < tc.max_steps:
         torch.manual_seed((tc.seed + 1) * 104_729 + step * 97 + rank)  # any other randomness: per step too
         lr = tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
@@ -230,12 +240,15 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             sn = step_noise(tc.seed, step, a, tc.global_batch_size, shape, rank, world, micro, transport,
                             drop_prob)
             y = torch.where(sn.drop.to(y.device), torch.full_like(y, null_class), y)
+            if sharded:  # reduce-scatter the gradients once, after the last micro-batch
+                model.set_requires_gradient_sync(a == tc.grad_accum - 1)
             with accelerator.accumulate(model):
-                loss = transport.loss(model, x, y, t=sn.t.to(x.device), noise=sn.noise.to(x.device)).mean()
+                with autocast():
+                    loss = transport.loss(model, x, y, t=sn.t.to(x.device), noise=sn.noise.to(x.device)).mean()
                 accelerator.backward(loss)
                 loss_sum += loss.detach() / tc.grad_accum
                 if accelerator.sync_gradients:
-                    grad_norm = _clip(accelerator, model, tc.grad_clip)
+                    grad_norm = _clip(accelerator, model, tc.grad_clip, sharded)
                     loss_all = accelerator.reduce(loss_sum, "mean")
                     # fp16: overflowing gradients are the loss scaler's business (it skips and rescales).
                     grads_ok = math.isfinite(grad_norm) or tc.mixed_precision == "fp16"
@@ -273,15 +286,19 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
                 log_fn(f"step {step} " + " ".join(f"{k}={v:.5g}" for k, v in stats.items()))
         if step % tc.ckpt_every == 0 or step == tc.max_steps:
             accelerator.wait_for_everyone()
+            # Sharded: every process takes part in gathering the full tensors; the main one writes them.
+            if sharded or accelerator.is_main_process:
+                model_sd = full_state(accelerator.unwrap_model(model).state_dict())
+                ema_sd = ema.state_dict()
+                optimizer_sd = full_state(optimizer.state_dict()) if sharded else optimizer.state_dict()
             if accelerator.is_main_process:
-                state = {"optimizer": optimizer.state_dict(), "nonfinite_total": nonfinite_total,
+                state = {"optimizer": optimizer_sd, "nonfinite_total": nonfinite_total,
                          "ema_updates": ema.num_updates,
                          "samples_seen": step * tc.global_batch_size}
-                save_checkpoint(run_dir, step, accelerator.unwrap_model(model).state_dict(), ema.state_dict(),
-                                state, keep_last=tc.keep_last)
+                save_checkpoint(run_dir, step, model_sd, ema_sd, state, keep_last=tc.keep_last)
             accelerator.wait_for_everyone()
-        if cfg.log.sample_every and (step % cfg.log.sample_every == 0) and accelerator.is_main_process:
-            _sample_grid(cfg, ema.model, transport, run_dir, step, accelerator.device)
+        if cfg.log.sample_every and step % cfg.log.sample_every == 0:
+            _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
     bar.close()
     skipped = getattr(dataset, "skipped", None)  # filled in this process when data.num_workers=0
     if skipped:
@@ -290,8 +307,30 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     return run_dir
 
 
-def _clip(accelerator, model: torch.nn.Module, max_norm: float | None) -> float:
+def _use_fsdp(cfg: ExperimentConfig, accelerator, world: int, log) -> bool:
+    """Whether to shard with FSDP2: ``train.fsdp`` or an accelerate config with ``distributed_type: FSDP``."""
+    wanted = cfg.train.fsdp or accelerator.distributed_type.value == "FSDP"
+    if not wanted:
+        return False
+    if world == 1:
+        log("FSDP asked for with one process: nothing to shard, training unsharded")
+        return False
+    if cfg.train.mixed_precision == "fp16":
+        raise TrainingError("train.mixed_precision=fp16 is not supported with FSDP (its loss scaler needs sharded "
+                            "gradients); use train.mixed_precision=bf16")
+    log(f"FSDP2: each transformer block, the model and the EMA sharded over {world} processes"
+        + (" (accelerate's fsdp_* options other than FSDP itself are not read)"
+           if accelerator.distributed_type.value == "FSDP" else ""))
+    return True
+
+
+def _clip(accelerator, model: torch.nn.Module, max_norm: float | None, sharded: bool = False) -> float:
     """Global gradient norm (clipped to ``max_norm`` when set)."""
+    if sharded:  # DTensor gradients: torch's clipping reduces the norm over the shards
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) if max_norm is not None
+                else torch.nn.utils.get_total_norm(grads))
+        return float(full_tensor(norm))
     if max_norm is not None:
         return float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
     accelerator.unscale_gradients()
@@ -314,14 +353,24 @@ def _flat_hparams(cfg: ExperimentConfig) -> dict:
     return flat
 
 
-def _sample_grid(cfg: ExperimentConfig, model: DiT, transport: Transport, run_dir: Path, step: int,
-                 device: torch.device) -> None:
+def _sample_grid(cfg: ExperimentConfig, ema: EMA, transport: Transport, run_dir: Path, step: int,
+                 accelerator) -> None:
+    """The run's fixed-seed grid from the EMA weights, on the main process (gathered first when sharded)."""
     from vit5_sit.generate import sample_images, save_labelled_grid
 
+    model: DiT = ema.model
+    if is_sharded(model):  # a collective: every process gathers, the main one samples
+        full = ema.state_dict()
+        if not accelerator.is_main_process:
+            return
+        model = create_model(cfg.model_config()).to(accelerator.device).eval()
+        model.load_state_dict(full)
+    elif not accelerator.is_main_process:
+        return
     lc = cfg.log
     classes = [c for c in lc.sample_classes for _ in range(lc.sample_per_class)]
     seeds = list(range(lc.sample_seed, lc.sample_seed + len(classes)))
     images = sample_images(model, transport, cfg.sampler, classes, seeds, cfg_scale=lc.sample_cfg_scale,
-                           vae=cfg.data.vae if cfg.data.kind == "latents" else None, device=device)
+                           vae=cfg.data.vae if cfg.data.kind == "latents" else None, device=accelerator.device)
     save_labelled_grid(images, run_dir / "samples" / f"step_{step:07d}.png", ncol=lc.sample_per_class,
                        row_labels=[f"class {c}" for c in lc.sample_classes])

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
              "classes[i %% len(classes)]")
     arg("--seed", type=int, default=0, help="seed of the first image; image i has seed + i (default: 0)")
-    arg("--cfg-scale", type=float, default=1.0, help="classifier-free guidance scale; 1 = none (default)")
+    arg("--cfg-scale", type=float, default=None,
+        help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
+             "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
     arg("--guidance-interval", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
     arg("--guide-channels", type=_positive_int, default=None, metavar="N",
@@ -228,6 +230,8 @@ def run(args) -> int:
     if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
         raise UsageError(f"--guide-channels {args.guide_channels}: the model has {mcfg.in_channels} channels")
     sampler = sampler_config(args, loaded.cfg)
+    if args.cfg_scale is None:
+        args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,

@@ -158,6 +158,23 @@ def test_bundled_demo(tmp_path):
     assert Image.open(tmp_path / "demo.png").width > 100
 
 
+def test_grid_guidance_defaults_to_the_run_config(model_dir, tmp_path, capsys):
+    guided = tmp_path / "guided"
+    guided.mkdir()
+    cfg = load_config(model_dir / "config.yaml", ["log.sample_cfg_scale=2.5"])
+    save_config(cfg, guided / "config.yaml")
+    (guided / "ema.safetensors").write_bytes((model_dir / "ema.safetensors").read_bytes())
+    assert _run("--ckpt", guided, "--classes", "1", "--per-class", 1, "--out", tmp_path / "a.png",
+                "--no-progress") == 0
+    assert "cfg 2.5)" in capsys.readouterr().out
+    assert _run("--ckpt", guided, "--classes", "1", "--per-class", 1, "--cfg-scale", 1, "--out",
+                tmp_path / "b.png", "--no-progress") == 0
+    assert "cfg 1)" in capsys.readouterr().out
+    assert _run("--ckpt", guided, "--classes", "1", "--num-samples", 2, "--out", tmp_path / "c.npz",
+                "--no-progress") == 0
+    assert "cfg 1" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Mass sampling.
 

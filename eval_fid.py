@@ -124,7 +124,8 @@ def cmd_compare(args) -> int:
     _flag("--sampler/--method/--steps", settings.sampler)
     try:
         compare_runs(args.runs, args.ref, args.out, settings, inception_weights=args.inception_weights,
-                     device=args.device, inception_batch_size=args.batch_size, progress=not args.no_progress)
+                     device=args.device, inception_batch_size=args.batch_size, progress=not args.no_progress,
+                     every=args.every)
     except InceptionWeightsError as e:
         flag = "--inception-weights: " if args.inception_weights else ""
         raise UsageError(f"{flag}{e}") from e
@@ -181,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: fid,is,pr)")
     p.add_argument("--sample-batch-size", type=_positive_int, default=64,
                    help="images per sampling forward per process (default: 64)")
+    p.add_argument("--every", type=_positive_int, default=None, metavar="STEPS",
+                   help="only the checkpoints at multiples of STEPS (default: every checkpoint)")
     _add_inception_args(p)
     p.set_defaults(func=cmd_compare)
     return parser

@@ -177,3 +177,16 @@ def test_not_a_run_folder(tmp_path, runs):
         compare.compare_runs([tmp_path / "empty"], runs[1], tmp_path / "out", SETTINGS)
     with pytest.raises(compare.CompareError, match="no such run folder"):
         compare.compare_runs([tmp_path / "missing"], runs[1], tmp_path / "out", SETTINGS)
+
+
+def test_every_keeps_the_checkpoints_at_multiples(runs, compared, tmp_path, monkeypatch):
+    import vit5_sit.checkpoint
+
+    def fail(*args, **kwargs):
+        raise AssertionError("recomputed something that was cached")
+
+    monkeypatch.setattr(vit5_sit.checkpoint, "load_for_sampling", fail)
+    rows = compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None, every=200)
+    assert [(r["run"], r["step"]) for r in rows] == [("run0", 200), ("run1", 200)]
+    with pytest.raises(compare.CompareError, match=r"--every 300: no checkpoint .* steps 100, 200"):
+        compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None, every=300)

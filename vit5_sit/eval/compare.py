@@ -122,7 +122,7 @@ class _Evaluator:
                         batch_size=self.batch_size, progress=self.progress)
 
 
-def _run_checkpoints(run: Path, log) -> list:
+def _run_checkpoints(run: Path, log, every: int | None = None) -> list:
     from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 
     if not run.is_dir():
@@ -139,6 +139,12 @@ def _run_checkpoints(run: Path, log) -> list:
         found.append(ckpt)
     if not found:
         raise CompareError(f"{run}: no valid checkpoints in {run / 'checkpoints'}")
+    if every:
+        kept = [c for c in found if c.step % every == 0]
+        if not kept:
+            raise CompareError(f"--every {every}: no checkpoint of {run} is at a multiple of {every} (it has steps "
+                               f"{', '.join(str(c.step) for c in found)})")
+        found = kept
     return found
 
 
@@ -148,8 +154,10 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                  inception_batch_size: int = 64,  # images per Inception forward
                  progress: bool = True,
                  log=print,
+                 every: int | None = None,        # only checkpoints at multiples of this step
                  ) -> list[dict]:
-    """Evaluate every checkpoint of every run; write compare.md, compare.json and fid_vs_step.png.
+    """Evaluate every checkpoint of every run (or those at multiples of ``every``); write compare.md,
+    compare.json and fid_vs_step.png.
 
     Collective under `accelerate launch`: the processes share the sampling; the main process evaluates
     and writes. Returns the rows (run, run_dir, step, metrics, skipped), also on the other processes
@@ -170,7 +178,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     if not runs:
         raise CompareError("no runs given")
     names = _run_names(runs)
-    plan = [(run, names[run], _run_checkpoints(run, log)) for run in runs]
+    plan = [(run, names[run], _run_checkpoints(run, log, every)) for run in runs]
     evaluator = None
     if dist.is_main():
         evaluator = _Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)

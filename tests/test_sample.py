@@ -158,6 +158,28 @@ def test_bundled_demo(tmp_path):
     assert Image.open(tmp_path / "demo.png").width > 100
 
 
+def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from vit5_sit import demo
+
+    out = tmp_path / "exported"
+    assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "ema.safetensors"]
+    assert load_config(out / "config.yaml").log.sample_cfg_scale == 2.0
+    exported = load_file(str(out / "ema.safetensors"))
+    newest = load_file(str(run_dir / "checkpoints" / "step_0000020" / "ema.safetensors"))
+    assert exported.keys() == newest.keys()
+    for k, v in exported.items():
+        assert v.dtype == torch.float16
+        torch.testing.assert_close(v.float(), newest[k], atol=1e-3, rtol=1e-3)
+    capsys.readouterr()
+    assert _run("--ckpt", out, "--classes", "2", "--per-class", 1, "--out", tmp_path / "g.png", "--no-progress") == 0
+    assert "cfg 2)" in capsys.readouterr().out
+    assert demo.main(["export", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
 def test_grid_guidance_defaults_to_the_run_config(model_dir, tmp_path, capsys):
     guided = tmp_path / "guided"
     guided.mkdir()

@@ -210,7 +210,7 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
             torch.testing.assert_close(v, opt_b["state"][i][k], atol=1e-6, rtol=1e-4, msg=f"{i}.{k}")
 
 
-def test_fsdp_refuses_fp16_with_a_clear_message():
+def test_fsdp_switch_and_its_clear_errors():
     from types import SimpleNamespace
 
     from vit5_sit.train.loop import TrainingError, _use_fsdp
@@ -221,6 +221,12 @@ def test_fsdp_refuses_fp16_with_a_clear_message():
         _use_fsdp(cfg, acc, 2, print)
     logs = []
     assert _use_fsdp(cfg, acc, 1, logs.append) is False and "one process" in logs[0]
+    # An accelerate config with distributed_type: FSDP turns sharding on without train.fsdp.
+    cfg = load_config(None, TINY)
+    assert _use_fsdp(cfg, acc, 2, logs.append) is False
+    fsdp_launch = SimpleNamespace(distributed_type=SimpleNamespace(value="FSDP"))
+    assert _use_fsdp(cfg, fsdp_launch, 2, logs.append) is True
+    assert "sharded over 2 processes" in logs[-1] and "fsdp_* options" in logs[-1]
 
 
 def test_truncated_newest_checkpoint_falls_back(tmp_path, capsys):

@@ -20,10 +20,15 @@ from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, resolve_checkpoint
 from vit5_sit.config import load_config, save_config
 
 
-def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16) -> Path:
-    """Write ``out/config.yaml`` and ``out/ema.safetensors`` from a run or checkpoint folder."""
+def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16,
+                 cfg_scale: float | None = None) -> Path:
+    """Write ``out/config.yaml`` and ``out/ema.safetensors`` from a run or checkpoint folder.
+
+    ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by default (stored as the
+    config's ``log.sample_cfg_scale``); None keeps the run's.
+    """
     folder, config_path = resolve_checkpoint(run_or_ckpt)
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else ())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ema = load_file(str(folder / "ema.safetensors"))
@@ -40,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="export a run's EMA weights as a model folder")
     e.add_argument("run", help="run folder (newest valid checkpoint) or checkpoint folder")
     e.add_argument("--out", default=str(DEMO_MODEL), help=f"model folder (default: {DEMO_MODEL})")
+    e.add_argument("--cfg-scale", type=float, default=None,
+                   help="guidance scale of the model's grids in sample.py (log.sample_cfg_scale; default: the run's)")
     args = p.parse_args(argv)
     try:
-        out = export_model(args.run, args.out)
+        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale)
     except ModelLoadError as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
         return 2

@@ -166,7 +166,8 @@ def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
     out = tmp_path / "exported"
     assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "ema.safetensors"]
-    assert load_config(out / "config.yaml").log.sample_cfg_scale == 2.0
+    exported_cfg = load_config(out / "config.yaml")
+    assert exported_cfg.log.sample_cfg_scale == 2.0 and exported_cfg.train.max_steps == 20
     exported = load_file(str(out / "ema.safetensors"))
     newest = load_file(str(run_dir / "checkpoints" / "step_0000020" / "ema.safetensors"))
     assert exported.keys() == newest.keys()

@@ -24,11 +24,16 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: t
                  cfg_scale: float | None = None) -> Path:
     """Write ``out/config.yaml`` and ``out/ema.safetensors`` from a run or checkpoint folder.
 
-    ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by default (stored as the
-    config's ``log.sample_cfg_scale``); None keeps the run's.
+    The config is the run's with ``train.max_steps`` set to the exported checkpoint's step (the recipe that
+    reproduces these weights). ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by
+    default (stored as the config's ``log.sample_cfg_scale``); None keeps the run's.
     """
     folder, config_path = resolve_checkpoint(run_or_ckpt)
-    cfg = load_config(config_path, [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else ())
+    overrides = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
+    if folder.parent.name == "checkpoints" and folder.name.startswith("step_"):
+        # The recipe of these weights: the run's config trained to this checkpoint's step.
+        overrides.append(f"train.max_steps={int(folder.name[len('step_'):])}")
+    cfg = load_config(config_path, overrides)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ema = load_file(str(folder / "ema.safetensors"))

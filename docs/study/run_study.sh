@@ -24,3 +24,6 @@ python -m vit5_sit.data mnist data/mnist32-ref --resolution 32 --limit-per-class
 OMP_NUM_THREADS=1 python eval_fid.py compare "$OUT/mnist-sit" "$OUT/mnist-vit5" "$OUT/mnist-vit5-nols" \
     --ref "$OUT/mnist_ref.npz" --every 1200 --num-samples "$NUM_SAMPLES" --sampler ode --method heun --steps 15 \
     --metrics fid,pr --out docs/study
+# The same checkpoints' EMA loss on 2,000 fixed (digit, t, noise) triples: a low-noise loss curve.
+OMP_NUM_THREADS=1 python docs/study/fixed_loss.py "$OUT/mnist-sit" "$OUT/mnist-vit5" "$OUT/mnist-vit5-nols" \
+    --every 1200 --out docs/study/fixed_loss.md

@@ -256,9 +256,26 @@ def _fmt(row: dict, metric: str) -> str:
     return f"{value:.2f}" if metric in ("fid", "is") else f"{value:.3f}"
 
 
+def _shown_path(path: str) -> str:
+    """A path as the outputs show it: relative to the working folder, or from site-packages, when it can be."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        pass
+    return str(Path(*p.parts[p.parts.index("site-packages"):])) if "site-packages" in p.parts else path
+
+
+def _shown_key(key: dict) -> dict:
+    ref = key["reference"]
+    ref = {**ref, "path": _shown_path(ref["path"])} if isinstance(ref, dict) else ref
+    return {**key, "reference": ref, "inception": _shown_path(key["inception"])}
+
+
 def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
     """The markdown of compare.md: settings, one table row per (run, step), notes on n/a metrics."""
     shown = [m for m in TABLE_METRICS if m in settings.metrics]
+    key = _shown_key(key)
     labels = {"fid": "FID", "is": "IS", "precision": "precision", "recall": "recall"}
     s = settings
     interval = tuple(s.guidance_interval)
@@ -323,8 +340,9 @@ def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, ke
     out_dir.mkdir(parents=True, exist_ok=True)
     table = format_table(rows, settings, key)
     atomic_write_text(out_dir / "compare.md", table)
-    payload = {"settings": dataclasses.asdict(settings), "reference": key["reference"],
-               "inception": key["inception"], "rows": rows}
+    shown = _shown_key(key)
+    payload = {"settings": dataclasses.asdict(settings), "reference": shown["reference"],
+               "inception": shown["inception"], "rows": rows}
     atomic_write_text(out_dir / "compare.json", json.dumps(payload, indent=1, default=_json_default) + "\n")
     title = (f"FID-{settings.num_samples}, {settings.mode}/{settings.method}"
              + (f" {settings.steps} steps" if settings.method in ("euler", "heun") else "")

@@ -40,7 +40,7 @@ class EMA:
             b_ema.copy_(b)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full tensors on the CPU (gathered from all processes when sharded)."""
+        """Full tensors (gathered from all processes, to the CPU, when sharded)."""
         return full_state(self.model.state_dict())
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

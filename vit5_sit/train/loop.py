@@ -326,11 +326,11 @@ def _use_fsdp(cfg: ExperimentConfig, accelerator, world: int, log) -> bool:
 
 def _clip(accelerator, model: torch.nn.Module, max_norm: float | None, sharded: bool = False) -> float:
     """Global gradient norm (clipped to ``max_norm`` when set)."""
-    if sharded:  # DTensor gradients: torch's clipping reduces the norm over the shards
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) if max_norm is not None
-                else torch.nn.utils.get_total_norm(grads))
-        return float(full_tensor(norm))
+    if sharded:  # DTensor gradients: torch's norm reduces over the shards
+        if max_norm is not None:
+            return float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        return float(full_tensor(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
+                                                                 if p.grad is not None])))
     if max_norm is not None:
         return float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
     accelerator.unscale_gradients()

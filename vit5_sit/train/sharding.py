@@ -57,13 +57,14 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` (nested dicts / lists of tensors) with every DTensor gathered to a full CPU tensor."""
+    """``state`` (nested dicts / lists of tensors) with every DTensor gathered to a full CPU tensor; other
+    values are returned as they are (no copy: the checkpoint writer copies them to the CPU once)."""
     if isinstance(state, dict):
         return {k: full_state(v) for k, v in state.items()}
     if isinstance(state, list | tuple):
         return type(state)(full_state(v) for v in state)
-    if isinstance(state, torch.Tensor):
-        return full_tensor(state).detach().cpu()
+    if isinstance(state, _dtensor_type()):
+        return state.full_tensor().detach().cpu()
     return state
 
 

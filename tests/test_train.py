@@ -213,11 +213,12 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
 def test_fsdp_switch_and_its_clear_errors():
     from types import SimpleNamespace
 
-    from vit5_sit.train.loop import TrainingError, _use_fsdp
+    from vit5_sit.train.strategy import StrategyError
+    from vit5_sit.train.strategy import use_fsdp as _use_fsdp
 
     cfg = load_config(None, [*TINY, "train.fsdp=true", "train.mixed_precision=fp16"])
     acc = SimpleNamespace(distributed_type=SimpleNamespace(value="MULTI_GPU"))
-    with pytest.raises(TrainingError, match="fp16 is not supported with FSDP.*bf16"):
+    with pytest.raises(StrategyError, match="fp16 is not supported with FSDP.*bf16"):
         _use_fsdp(cfg, acc, 2, print)
     logs = []
     assert _use_fsdp(cfg, acc, 1, logs.append) is False and "one process" in logs[0]
@@ -251,12 +252,12 @@ def test_nonfinite_steps_are_skipped_then_stop_with_advice(tmp_path, monkeypatch
     from vit5_sit.train.loop import TrainingError
     from vit5_sit.transport import Transport
 
-    real = Transport.loss
+    real = Transport.prediction_loss
 
     def nan_loss(self, *args, **kwargs):
         return real(self, *args, **kwargs) * float("nan")
 
-    monkeypatch.setattr(Transport, "loss", nan_loss)
+    monkeypatch.setattr(Transport, "prediction_loss", nan_loss)
     data = _image_folder(tmp_path / "data")
     with pytest.raises(TrainingError, match="lower train.lr.*bf16.*qk_norm"):
         _train(_cli_overrides(tmp_path, "nan", data) + ["train.max_nonfinite=3"])

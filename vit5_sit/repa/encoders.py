@@ -77,7 +77,7 @@ def load_timm_encoder(name: str, weights: str = "", resolution: int = 0) -> Timm
         import timm
     except ImportError:
         raise EncoderError(f"{key}: timm is not installed (pip install timm)") from None
-    if not timm.list_models(name, pretrained=False) and not timm.is_model(name.split(".")[0]):
+    if not timm.is_model(name):
         raise EncoderError(f"{key}: timm has no such model; list them with timm.list_models('*dinov2*')")
     kwargs = {"num_classes": 0, **({"img_size": resolution} if resolution else {})}
     if not weights:

@@ -31,6 +31,13 @@ def test_data_section_sets_model_input():
     assert (m.input_size, m.in_channels) == (32, 4)
 
 
+@pytest.mark.parametrize("kind", ["mnist", "digits"])
+def test_digit_datasets_have_ten_classes(kind):
+    # Every kind build_dataset reads is a valid data.kind; both digit exports have classes 0-9.
+    m = load_config(None, [f"data.kind={kind}", "data.resolution=16"]).model_config()
+    assert (m.num_classes, m.in_channels, m.input_size) == (10, 1, 16)
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.lrr=1e-4", "Did you mean train.lr"),
     ("trian.lr=1e-4", "Did you mean train"),

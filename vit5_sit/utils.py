@@ -1,11 +1,26 @@
-"""Small shared helpers: atomic file writes, file digests."""
+"""Small shared helpers: choice validation, atomic file writes, file digests."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+
+
+def check_choice(key: str, value: object, choices: Iterable, error: type[Exception] = ValueError) -> None:
+    """Raise `error` naming `key`, the bad value, the valid choices and the nearest one, unless value is one.
+
+    The one choice validator of the project: the config, the transport and the model options all use it.
+    """
+    choices = tuple(choices)
+    if value in choices:
+        return
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise error(f"{key}={value!r}: must be one of {', '.join(map(repr, choices))}.{hint}")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -38,7 +38,8 @@ from .vae import (
 DatasetKind = Literal["images", "latents", "mnist", "digits"]
 DATASET_KINDS = ("images", "latents", "mnist", "digits")
 DIGITS_RESOLUTION = 32  # default pixel size of the exported digit datasets
-EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}
+DIGIT_CLASSES = 10      # classes of both exported digit datasets (0-9)
+EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}  # the kinds exported into `path` first
 
 
 def build_dataset(
@@ -75,6 +76,8 @@ def build_dataset(
 __all__ = [
     "DATASET_KINDS",
     "DEFAULT_VAE",
+    "DIGIT_CLASSES",
+    "EXPORTERS",
     "IMAGE_EXTENSIONS",
     "SD_VAE_SCALING_FACTOR",
     "ImageFolderDataset",

@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vit5_sit.utils import check_choice
+
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBEDS = ("sincos", "learned", "none")
 MLPS = ("gelu", "swiglu")
@@ -131,9 +133,7 @@ class ModelConfig:
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        valid = ", ".join(map(repr, choices))
-        raise ValueError(f"{name}={value!r}: not a valid choice; choose one of {valid}")
+    check_choice(name, value, choices)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
-from .transport import Transport, _check_choice, _expand
+from vit5_sit.utils import check_choice
+
+from .transport import Transport, _expand
 
 MODES = ("ode", "sde")
 ODE_FIXED = ("euler", "heun")  # our own fixed-step solvers
@@ -40,7 +42,7 @@ class SamplerConfig:
     last_step_size: float = 0.04  # sde: length of that last step (in t)
 
     def __post_init__(self):
-        _check_choice("SamplerConfig", "mode", self.mode, MODES)
+        check_choice("SamplerConfig.mode", self.mode, MODES)
         methods = ODE_FIXED + ODE_ADAPTIVE if self.mode == "ode" else SDE_METHODS
         if self.method not in methods:
             raise ValueError(
@@ -52,10 +54,10 @@ class SamplerConfig:
         for name in ("atol", "rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SamplerConfig.{name}={getattr(self, name)!r} must be > 0")
-        _check_choice("SamplerConfig", "diffusion_form", self.diffusion_form, DIFFUSION_FORMS)
+        check_choice("SamplerConfig.diffusion_form", self.diffusion_form, DIFFUSION_FORMS)
         if not self.diffusion_norm >= 0:
             raise ValueError(f"SamplerConfig.diffusion_norm={self.diffusion_norm!r} must be >= 0")
-        _check_choice("SamplerConfig", "last_step", self.last_step, LAST_STEPS)
+        check_choice("SamplerConfig.last_step", self.last_step, LAST_STEPS)
         if self.last_step != "none" and not 0 < self.last_step_size < 1:
             raise ValueError(f"SamplerConfig.last_step_size={self.last_step_size!r} must be in (0, 1)")
 

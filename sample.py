@@ -222,7 +222,7 @@ def run(args) -> int:
     from vit5_sit import distributed as dist
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.generate import SamplingStateError
-    from vit5_sit.transport import Transport, TransportConfig
+    from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
 
     grid = check_flags(args)
     loaded = load_model(args)
@@ -232,6 +232,10 @@ def run(args) -> int:
     sampler = sampler_config(args, loaded.cfg)
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
+    try:
+        check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
+    except GuidanceError as e:
+        raise UsageError(f"--cfg-scale: {e}") from None
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,

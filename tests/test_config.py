@@ -49,11 +49,12 @@ def test_digit_datasets_have_ten_classes(kind):
     ("train.mixed_precision=fp8", "must be one of"),
     ("model.norm=batchnorm", "norm"),
     ("data.kind=imagenet", "Did you mean 'images'"),
+    ("model.class_dropout_prob=0 log.sample_cfg_scale=4", "log.sample_cfg_scale: cfg_scale=4 needs the null"),
     ("train.lr", "expected key=value"),
 ])
 def test_bad_keys_and_values_name_the_fix(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split(" "))
 
 
 def test_saved_config_round_trips(tmp_path):

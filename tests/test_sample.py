@@ -19,6 +19,7 @@ from vit5_sit.classes import ClassSpecError, class_label, imagenet_synonyms, par
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import save_checkpoint
+from vit5_sit.transport import ClassifierFreeGuidance, GuidanceError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -311,6 +312,22 @@ def test_parse_classes():
 
 # ----------------------------------------------------------------------------------------------------------
 # Input mistakes: exit code 2, one line naming the flag, no traceback.
+
+def test_guidance_needs_a_null_label(tmp_path, capsys):
+    # class_dropout_prob = 0 builds no null row: guidance would index past the label table.
+    cfg = load_config(None, [*TINY, "model.class_dropout_prob=0"])
+    model = create_model(cfg.model_config())
+    with pytest.raises(GuidanceError, match="cfg_scale=4 needs the null .*class_dropout_prob=0"):
+        ClassifierFreeGuidance(model, 4.0, null_class=cfg.model_config().num_classes)
+    assert ClassifierFreeGuidance(model, 1.0, null_class=10).scale == 1.0  # no guidance: nothing to refuse
+    folder = tmp_path / "no-null"
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "ema.safetensors"))
+    assert _run("--ckpt", folder, "--cfg-scale", 4, "--out", tmp_path / "g.png") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --cfg-scale: cfg_scale=4 needs") and "\n" not in err
+    assert not (tmp_path / "g.png").exists()
+
 
 @pytest.mark.parametrize("args, message", [
     (["--ckpt", "{tmp}/nope"], "--ckpt: no such file or folder: {tmp}/nope"),

@@ -16,10 +16,8 @@ import torch
 from vit5_sit.config import ExperimentConfig, load_config
 from vit5_sit.models import DiT, create_model, load_official_state_dict, model_config
 from vit5_sit.train.checkpoint import (
-    Checkpoint,
     CheckpointError,
     latest_valid_checkpoint,
-    list_checkpoints,
     verify_checkpoint,
 )
 
@@ -90,11 +88,6 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
         raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
                              f"{missing[:5]}, unexpected keys: {unexpected[:5]})")
     return model.to(device).eval(), cfg
-
-
-def run_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
-    """The checkpoints of a run, oldest first, for evaluating a whole run."""
-    return list_checkpoints(run_dir)
 
 
 def model_identity(path: str | Path | None = None, preset: str | None = None) -> dict:

@@ -20,7 +20,7 @@ import yaml
 
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
-from vit5_sit.transport import SamplerConfig, TransportConfig
+from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
 from vit5_sit.utils import check_choice
 
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
@@ -246,9 +246,13 @@ def _build_model(raw: dict[str, Any], prefix: str) -> ModelSection:
 
 def _check_model(cfg: ExperimentConfig) -> None:
     try:
-        cfg.model_config()
+        mcfg = cfg.model_config()
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model ({cfg.model.preset} with {cfg.model.overrides}): {e}") from None
+    try:
+        check_guidance(cfg.log.sample_cfg_scale, mcfg.class_dropout_prob)
+    except GuidanceError as e:
+        raise ConfigError(f"log.sample_cfg_scale: {e}") from None
 
 
 def _unknown(key: str, valid: list[str], prefix: str) -> str:

@@ -35,6 +35,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vit5_sit.utils import atomic_write_file, atomic_write_text, stale_temp_files
+
 from .images import ImageFolderDataset, item_generator
 from .vae import DEFAULT_VAE, encode_moments, latent_scaling, load_vae, sample_latents
 
@@ -143,12 +145,11 @@ def encode_dataset(
     bar = tqdm(total=sum(len(ranges[k]) for k in todo), desc=f"encoding {image_root}", unit="img",
                disable=not progress)
     for k in todo:
-        for stale in out.glob(f"{paths[k].name}.tmp-*"):  # left by an interrupted run of this part
+        for stale in stale_temp_files(paths[k]):  # left by a killed run of this part
             stale.unlink()
-        tmp = paths[k].with_name(f"{paths[k].name}.tmp-{os.getpid()}")
-        _encode_shard(images, vae, ranges[k], tmp, batch_size, num_workers, scale, shift,
-                      SAVE_DTYPES[save_dtype], latent_shape, fingerprint(k), bar)
-        os.replace(tmp, paths[k])
+        with atomic_write_file(paths[k]) as tmp:
+            _encode_shard(images, vae, ranges[k], tmp, batch_size, num_workers, scale, shift,
+                          SAVE_DTYPES[save_dtype], latent_shape, fingerprint(k), bar)
     bar.close()
 
     missing = [p.name for p in paths if not p.exists()]
@@ -229,9 +230,7 @@ def _write_meta(out: Path, settings: dict, images: ImageFolderDataset, infos: li
         channel_std=channel_std.tolist(),
         shards=[dict(file=SHARD_PATTERN.format(k), count=info["count"]) for k, info in enumerate(infos)],
     )
-    tmp = out / f"{META_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / META_FILE)
+    atomic_write_text(out / META_FILE, json.dumps(meta, indent=1) + "\n")
     return meta
 
 

@@ -21,9 +21,10 @@ from vit5_sit.utils import check_choice
 from .transport import Transport, _expand
 
 MODES = ("ode", "sde")
-ODE_FIXED = ("euler", "heun")  # our own fixed-step solvers
+FIXED_STEP_METHODS = ("euler", "heun")  # our own fixed-step solvers, `steps` steps (SDE: 'euler' = Euler-Maruyama)
+ODE_FIXED = FIXED_STEP_METHODS
 ODE_ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")  # through torchdiffeq
-SDE_METHODS = ("euler", "heun")  # 'euler' is Euler-Maruyama
+SDE_METHODS = FIXED_STEP_METHODS
 DIFFUSION_FORMS = ("constant", "sbdm", "sigma", "linear", "decreasing", "increasing-decreasing")
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 

@@ -139,8 +139,8 @@ def load_model(args) -> Loaded:
     except (ModelLoadError, ConfigError, FileNotFoundError) as e:
         raise UsageError(f"--ckpt: {e}") from None
     except ValueError as e:  # an official file that does not fit the preset
-        fits = official and "does not fit" in str(e)
-        hint = " (--image-size sets the official model's input_size: image size / 8)" if fits else ""
+        size = official and "input_size=" in str(e)
+        hint = " (--image-size sets the official model's input_size: image size / 8)" if size else ""
         raise UsageError(f"--ckpt: {e}{hint}") from None
     latent = official or (cfg is not None and cfg.data.kind == "latents")
     factor = LATENT_DOWNSAMPLE if latent else 1

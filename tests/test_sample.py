@@ -433,6 +433,30 @@ def test_official_file_with_imagenet_names(latent_model_dir, tmp_path, capsys):
     assert "multiple of 8" in capsys.readouterr().err
 
 
+def test_official_file_mismatch_names_the_preset_that_fits(tmp_path, capsys):
+    """A file that does not fit the preset: the presets that fit it, never a field sample.py cannot set;
+    the --image-size hint only where the input size differs."""
+    def refused(state, name):
+        torch.save(state, tmp_path / name)
+        assert _run("--ckpt", tmp_path / name, "--preset", "SiT-T/2", "--image-size", 32,
+                    "--out", tmp_path / "g.png") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --ckpt: ") and "\n" not in err and "pass " not in err
+        return err
+
+    patch4 = create_model("SiT-T/4", input_size=4).state_dict()
+    err = refused(patch4, "patch4.pt")
+    assert "this file has patch_size=4 (SiT-T/2 has 2)" in err and "presets that fit it: SiT-T/4" in err
+    assert "--image-size sets" not in err
+    no_sigma = create_model("SiT-T/2", input_size=4, learn_sigma=False).state_dict()
+    err = refused(no_sigma, "no_sigma.pt")
+    assert "this file has learn_sigma=False (SiT-T/2 has True)" in err and "no preset fits it" in err
+    missing = create_model("SiT-T/2", input_size=4).state_dict()
+    del missing["final_layer.adaLN_modulation.1.bias"]
+    err = refused(missing, "missing.pt")
+    assert "1 missing keys: final_layer.adaLN_modulation.1.bias" in err and "--image-size sets" not in err
+
+
 def test_adaptive_solver_resume_needs_the_same_batches(model_dir, tmp_path, monkeypatch, capsys):
     """dopri5 shares its step sizes within a batch, so its parts record the batch size."""
     out = tmp_path / "s.npz"

@@ -2,7 +2,7 @@
 
 One model class, `DiT`, serves both families. With the vanilla settings it *is* the official SiT model
 (same modules, same state-dict keys, same initialisation, same outputs); the ViT-5 settings change only
-the components listed in DESIGN.md section 2, each by one `ModelConfig` field:
+the components listed in docs/DESIGN.md section 3, each by one `ModelConfig` field:
 
     field               vanilla SiT        ViT-5
     norm                'layernorm'        'rmsnorm'
@@ -393,7 +393,7 @@ class DiTBlock(nn.Module):
 
     LayerScale (`layer_scale_init` not None): learnable per-channel λ on both branches, multiplying the
     adaLN-Zero gate. It scales each block's output like a static gate (ViT-5; CaiT). Both start at or near
-    zero, so a ViT-5 block learns its residual branches later than a vanilla one (DESIGN.md section 2).
+    zero, so a ViT-5 block learns its residual branches later than a vanilla one (docs/DESIGN.md section 4).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:

@@ -35,7 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vit5_sit.utils import atomic_write_file, atomic_write_text, stale_temp_files
+from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, stale_temp_files
 
 from .images import ImageFolderDataset, item_generator
 from .vae import DEFAULT_VAE, encode_moments, latent_scaling, load_vae, sample_latents
@@ -89,8 +89,7 @@ def encode_dataset(
 ) -> dict | None:
     """Encode ``image_root`` into ``out_dir``; resumable. Returns meta.json's content once all shards
     exist, or None if other parts still have shards to write."""
-    if save_dtype not in SAVE_DTYPES:
-        raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
+    check_choice("save_dtype", save_dtype, sorted(SAVE_DTYPES))
     if batch_size <= 0 or shard_size <= 0:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}")
     if not 0 <= part < num_parts:

@@ -45,11 +45,7 @@ class SamplerConfig:
     def __post_init__(self):
         check_choice("SamplerConfig.mode", self.mode, MODES)
         methods = ODE_FIXED + ODE_ADAPTIVE if self.mode == "ode" else SDE_METHODS
-        if self.method not in methods:
-            raise ValueError(
-                f"SamplerConfig.method={self.method!r} is not valid for mode={self.mode!r}; "
-                f"choose one of {', '.join(map(repr, methods))}"
-            )
+        check_choice(f"SamplerConfig(mode={self.mode!r}).method", self.method, methods)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"SamplerConfig.steps={self.steps!r} must be a positive integer")
         for name in ("atol", "rtol"):

@@ -223,6 +223,7 @@ def run(args) -> int:
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.generate import SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
     grid = check_flags(args)
     loaded = load_model(args)
@@ -242,7 +243,7 @@ def run(args) -> int:
         device=torch.device(args.device) if args.device else dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
     classes = classes_for(args, mcfg.num_classes, grid)
-    steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""
+    steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
     start = time.perf_counter()

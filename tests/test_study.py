@@ -48,7 +48,7 @@ def test_aggregate_names_missing_seeds_instead_of_dropping_them():
     assert "13.0 ± 3.6 |" in table
     assert "7.0 ± 1.4 (2/3 seeds; missing s1)" in table
     assert "20.0 (1/2 seeds; missing s1)" in table
-    assert "not run" in table
+    assert "pending" in table
 
 
 def test_sampling_noise_is_the_pooled_sd_of_paired_differences():

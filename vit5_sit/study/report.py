@@ -68,7 +68,7 @@ def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid") -> li
 
 def _cell(entry: dict, digits: int) -> str:
     if entry["mean"] is None:
-        return "not run"
+        return "pending"
     text = f"{entry['mean']:.{digits}f}"
     if entry["sd"] is not None:
         text += f" ± {entry['sd']:.{digits}f}"
@@ -183,6 +183,6 @@ def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None =
                "sampling_noise": sampling_noise(spec, rows),
                "rows": [{k: v for k, v in r.items() if k != "samples"} for r in rows]}
     atomic_write_text(out / "study.json", json.dumps(payload, indent=1, default=str) + "\n")
-    if "fid" in spec.eval.metrics:
+    if "fid" in spec.eval.metrics and rows:
         plot_study(spec, rows, out / "fid_vs_step.png")
     return out / "study.md"

@@ -438,11 +438,6 @@ def _check_consistency(cfg: ExperimentConfig) -> None:
     if tc.global_batch_size % tc.grad_accum:
         raise ConfigError(f"train.global_batch_size={tc.global_batch_size} is not divisible by "
                           f"train.grad_accum={tc.grad_accum}; choose a multiple of it")
-    num_classes = cfg.model_config().num_classes
-    bad = [c for c in cfg.log.sample_classes if c >= num_classes]
-    if bad:
-        raise ConfigError(f"log.sample_classes={cfg.log.sample_classes}: class id(s) {bad} out of range for "
-                          f"model.num_classes={num_classes} (ids 0..{num_classes - 1})")
     for key in ("name", "output_dir"):
         value = str(getattr(cfg, key))
         if not value.strip():

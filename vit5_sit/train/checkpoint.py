@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from vit5_sit.checks import first_line, process_alive
 from vit5_sit.utils import atomic_write_text, file_digest
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
@@ -172,7 +173,7 @@ def stale_temp_folders(run_dir: str | Path) -> list[Path]:
     if root.is_dir():
         for p in root.iterdir():
             head, sep, pid = p.name.rpartition(".tmp-")
-            if sep and head.startswith("." + PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if sep and head.startswith("." + PREFIX) and pid.isdigit() and not process_alive(int(pid)):
                 stale.append(p)
     return sorted(stale)
 
@@ -187,18 +188,6 @@ def clean_stale_temp_folders(run_dir: str | Path, log=print) -> list[Path]:
     return stale
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
     """(model state, EMA state, training state) of a verified checkpoint folder."""
     import pickle
@@ -210,9 +199,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
     try:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path / 'state.pt'}: refused: not a plain weights-only checkpoint (torch.load "
-                              f"with weights_only=True: {first})") from None
+        raise CheckpointError(f"{path / 'state.pt'}: refused: cannot read it with torch.load(weights_only=True) "
+                              f"({first_line(e)})") from None
     if not isinstance(state, dict) or "optimizer" not in state or "step" not in state:
         raise CheckpointError(f"{path / 'state.pt'}: not a training state (expected optimizer and step)")
     weights = []

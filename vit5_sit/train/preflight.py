@@ -1,8 +1,8 @@
 """Checks before the first training step: every fault that would otherwise show up hours in, found first.
 
-- the run folder (or the nearest folder that exists above it) is a writable folder: a probe file is
-  created and removed; a ``checkpoints`` path that is a file is an error; free space below a few
-  checkpoints' size is a warning;
+- the run folder (or the nearest folder that exists above it) is a writable folder (a probe file is
+  created and removed, `vit5_sit.checks.writable_folder`); a ``checkpoints`` path that is a file is an
+  error; free space below a few checkpoints' size is a warning;
 - stale ``.step_XXXXXXX.tmp-PID`` folders of killed writers are removed (never a finished checkpoint);
 - where to start: ``--resume auto`` takes the newest checkpoint that verifies and never deletes or rewrites
   one; when checkpoints exist but none verifies it refuses, listing each and why;
@@ -16,12 +16,12 @@ a start that fails leaves nothing behind.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from vit5_sit.checks import UsageError, writable_folder
 from vit5_sit.config import ConfigError, ExperimentConfig, load_config, save_config, to_dict
 from vit5_sit.models import ModelConfig
 from vit5_sit.train.checkpoint import (
@@ -45,27 +45,11 @@ class PreflightError(ValueError):
 
 
 def check_writable_folder(folder: str | Path, what: str) -> Path:
-    """The nearest existing folder at or above ``folder``, after a probe file was created and removed there.
-
-    Raises PreflightError when a path on the way is a file or the folder cannot be written. Creates nothing
-    that stays: a missing ``folder`` is made later, by whoever writes into it.
-    """
-    folder = Path(folder)
-    probe_dir = folder
-    while not probe_dir.exists():
-        if probe_dir.parent == probe_dir:
-            break
-        probe_dir = probe_dir.parent
-    if not probe_dir.is_dir():
-        raise PreflightError(f"{what} {folder}: {probe_dir} is a file, not a folder; choose another location")
-    probe = probe_dir / f".write-probe-{os.getpid()}"
+    """`vit5_sit.checks.writable_folder`, raising PreflightError."""
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise PreflightError(f"{what} {folder}: cannot write in {probe_dir} ({e.strerror or e}); choose a "
-                             "writable location") from None
-    return probe_dir
+        return writable_folder(folder, what)
+    except UsageError as e:
+        raise PreflightError(str(e)) from None
 
 
 def checkpoint_bytes(mcfg: ModelConfig) -> int:
@@ -77,6 +61,16 @@ def checkpoint_bytes(mcfg: ModelConfig) -> int:
     return BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters())
 
 
+def check_grid(cfg: ExperimentConfig) -> None:
+    """The run's sample grid can be drawn: its class ids exist (checked at the start, not at step 0)."""
+    num_classes = cfg.model_config().num_classes
+    bad = [c for c in cfg.log.sample_classes if c >= num_classes]
+    if bad and cfg.log.sample_every:
+        raise PreflightError(f"log.sample_classes={cfg.log.sample_classes}: class id(s) {bad} out of range for "
+                             f"model.num_classes={num_classes} (ids 0..{num_classes - 1}); set log.sample_classes, "
+                             "or log.sample_every=0 for no grids")
+
+
 def check_run_folder(cfg: ExperimentConfig, log=print) -> None:
     """The run folder can take checkpoints: writable, ``checkpoints`` not a file, free space (a warning)."""
     run_dir = cfg.run_dir
@@ -85,7 +79,7 @@ def check_run_folder(cfg: ExperimentConfig, log=print) -> None:
     ckpts = checkpoint_dir(run_dir)
     if ckpts.exists() and not ckpts.is_dir():
         raise PreflightError(f"{ckpts} is a file, where checkpoint folders go; move it away")
-    existing = check_writable_folder(ckpts if ckpts.is_dir() else run_dir, "run folder")
+    existing = check_writable_folder(ckpts if ckpts.is_dir() else run_dir, f"run folder {run_dir}")
     need = checkpoint_bytes(cfg.model_config())
     free = shutil.disk_usage(existing).free
     if free < FREE_SPACE_CHECKPOINTS * need:
@@ -101,6 +95,7 @@ def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main:
     verifies) or a checkpoint folder. ``main``: this process removes stale temp folders (one per run).
     """
     run_dir = cfg.run_dir
+    check_grid(cfg)
     check_run_folder(cfg, log)
     if main:
         clean_stale_temp_folders(run_dir, log)

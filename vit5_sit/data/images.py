@@ -71,10 +71,10 @@ class UnreadableDataError(ValueError):
 
 
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # read as 0..65535 ('I': Pillow's 16-bit PNG mode)
-VIA_MODE = {"P": "RGBA", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "1": "L"}  # converted through this mode first
+# converted through this mode first
+VIA_MODE = {"P": "RGBA", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "1": "L", "LAB": "RGB"}
 REFUSED_MODES = {
     "F": "32-bit float pixels have no standard value range; save them as 8- or 16-bit PNG",
-    "LAB": "Pillow cannot convert LAB to RGB without a colour profile; save the image as RGB",
 }
 
 
@@ -95,15 +95,14 @@ def to_mode(image: Image.Image, channels: int) -> Image.Image:
             raise UnreadableDataError(f"image mode {mode!r} with values {arr.min():g}..{arr.max():g}: only "
                                       "16-bit values (0..65535) are supported; save the image as 8- or 16-bit PNG")
         return Image.fromarray(arr * (255.0 / 65535.0), mode="F")
-    if mode in VIA_MODE:
-        image = image.convert(VIA_MODE[mode])
     target = CHANNEL_MODES[channels]
-    if image.mode == target:
-        return image
     try:
-        return image.convert(target)
-    except ValueError as e:
-        raise UnreadableDataError(f"image mode {mode!r} cannot be converted to {target}: {e}") from None
+        if mode in VIA_MODE:
+            image = image.convert(VIA_MODE[mode])
+        return image if image.mode == target else image.convert(target)
+    except (ValueError, ImportError, OSError) as e:  # ImportError: LAB needs Pillow's ImageCms (littlecms)
+        raise UnreadableDataError(f"image mode {mode!r} is not supported: Pillow cannot convert it to "
+                                  f"{target} ({e}); save the image as RGB or grayscale") from None
 
 
 def image_to_tensor(image: Image.Image, channels: int | None = None) -> torch.Tensor:

@@ -249,3 +249,15 @@ def test_cli_exit_code_in_a_real_process(tmp_path):
                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: --out")
+
+
+def test_official_file_with_a_pickle_payload_is_one_line(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": Payload()}, path)
+    line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-T/2", "--out", tmp_path / "x.png"], capsys)
+    assert "evil.pt: cannot read it as a PyTorch checkpoint with weights_only=True" in line
+    assert not (tmp_path / "x.png").exists()

@@ -38,7 +38,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way
         from vit5_sit.checks import first_line
 
-        raise ValueError(f"{path}: refused: cannot read it as a PyTorch checkpoint with weights_only=True "
+        raise ValueError(f"{path}: cannot read it as a PyTorch checkpoint with weights_only=True "
                          f"({first_line(e)})") from None
     if isinstance(obj, dict):
         for entry in ("ema", "model"):

@@ -44,6 +44,7 @@ BAD_VALUES = {  # key -> values that must be refused (each would train the wrong
     "model.mlp_ratio": ["0", "nan"],
     "model.class_dropout_prob": ["1", "-0.1"],
     "model.layer_scale_init": ["0", "-1e-4", "inf"],
+    "model.gate_init": ["nan", "inf"],
     "model.rope_base": ["0", "nan"],
     "model.num_registers": ["-1"],
 }
@@ -69,6 +70,10 @@ def test_bad_value_is_refused_naming_the_key(key, value):
                                         ("transport.train_eps", "0"), ("train.beta1", "0")])
 def test_edge_values_that_are_fine(key, value):
     load_config(None, [f"{key}={value}"])
+
+
+def test_zero_layer_scale_is_fine_only_with_a_nonzero_gate():
+    load_config(None, ["model.layer_scale_init=0", "model.gate_init=0.1"])
 
 
 def _numeric(hint) -> bool:

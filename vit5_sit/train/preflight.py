@@ -124,7 +124,7 @@ def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main:
         raise PreflightError(
             f"{run_dir} already has checkpoints; pass --resume auto to continue it, or set a new "
             f"name=... / output_dir=... to start another run")
-    if start is not None:
+    if start is not None and start.parent.name == "checkpoints":  # RUN/checkpoints/step_X: RUN/config.yaml
         check_same_run(cfg, start.parent.parent / "config.yaml")
     return start
 

@@ -30,7 +30,7 @@ def writable_folder(folder: str | Path, what: str) -> Path:
         probe_dir = probe_dir.parent
     if not probe_dir.is_dir():
         raise UsageError(f"{what}: {probe_dir} is a file, not a folder; choose another location")
-    probe = probe_dir / f".write-probe-{os.getpid()}"
+    probe = probe_dir / f".write-probe-{socket.gethostname()}-{os.getpid()}"  # unique on a shared filesystem
     try:
         probe.write_bytes(b"")
         probe.unlink()

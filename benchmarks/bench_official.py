@@ -35,12 +35,12 @@ WARMUP = 2  # untimed rounds
 def load_official(repo: Path):
     """The official `SiT_models` dict and `create_transport`, `Sampler`, imported from the checkout."""
     if not (repo / "models.py").is_file() or not (repo / "transport" / "__init__.py").is_file():
-        raise SystemExit(f"--official-repo: {repo} has no models.py and transport/ (a checkout of "
+        raise ValueError(f"--official-repo: {repo} has no models.py and transport/ (a checkout of "
                          "github.com/willisma/SiT is expected)")
     try:
         importlib.import_module("timm")
     except ImportError:
-        raise SystemExit("the official SiT model needs timm: pip install timm") from None
+        raise ValueError("the official SiT model needs timm: pip install timm") from None
     sys.path.insert(0, str(repo))
     models = importlib.import_module("models")
     transport = importlib.import_module("transport")
@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    official_models, create_transport, Sampler = load_official(args.official_repo)
+    try:
+        official_models, create_transport, Sampler = load_official(args.official_repo)
+    except ValueError as err:
+        p.error(str(err))
 
     # The three models: official SiT, ours with its weights, ViT-5 at the same size.
     name = f"{args.size}/{args.patch}"

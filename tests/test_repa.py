@@ -166,5 +166,12 @@ def test_training_saves_the_projector_beside_the_exported_model(tmp_path):
 
     model, _ = load_for_sampling(run)  # the exported EMA model loads without REPA
     assert model.cfg.depth == 1
-    with pytest.raises(TrainingError, match="trained with REPA but this run has repa.weight=0"):
+    from vit5_sit.train.preflight import PreflightError
+
+    with pytest.raises(PreflightError, match="repa.weight"):  # the run's config.yaml says REPA
         _train([*_cli_overrides(tmp_path, "repa", data), "train.max_steps=4"], resume="auto")
+    import shutil
+
+    loose = shutil.copytree(ckpt, tmp_path / "loose" / ckpt.name)  # a checkpoint without its run folder
+    with pytest.raises(TrainingError, match="trained with REPA but this run has repa.weight=0"):
+        _train([*_cli_overrides(tmp_path, "other", data), "train.max_steps=4"], resume=str(loose))

@@ -25,15 +25,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vit5_sit.config import ExperimentConfig, save_config
+from vit5_sit.config import ExperimentConfig
 from vit5_sit.models import create_model
-from vit5_sit.train.checkpoint import (
-    latest_valid_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    load_extra,
-    save_checkpoint,
-)
+from vit5_sit.train import preflight
+from vit5_sit.train.checkpoint import load_checkpoint, load_extra, save_checkpoint
 from vit5_sit.train.ema import EMA
 from vit5_sit.train.objective import Batch, Objective, StepRng, Trainee
 from vit5_sit.train.seeding import derive_seed
@@ -152,12 +147,12 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
 
     tc, run_dir = cfg.train, cfg.run_dir
     launch = _launch(cfg, log_fn)
-    start = _start_checkpoint(run_dir, resume, launch.log)
+    # Where to start (run folder, checkpoints and settings checked before any compute).
+    start = preflight.start_checkpoint(cfg, resume, log=launch.log, main=launch.accelerator.is_main_process)
     state = _build(launch, start)
     dataset, data_iter = _data(launch, state.step)
-    if launch.accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+    if launch.accelerator.is_main_process:  # only now: a start that fails leaves no run folder behind
+        preflight.write_run_config(cfg)
     if launch.trackers:
         launch.accelerator.init_trackers(cfg.log.project, config=_flat_hparams(cfg))
     bar = tqdm(total=tc.max_steps, initial=state.step, disable=not launch.accelerator.is_main_process,
@@ -173,9 +168,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         meter.add(tc.global_batch_size)
         _periodic(launch, state, result, bar, meter)
     bar.close()
-    skipped = getattr(dataset, "skipped", None)  # filled in this process when data.num_workers=0
-    if skipped:
-        launch.log(f"{len(skipped)} unreadable image(s) skipped: " + ", ".join(str(s.path) for s in skipped[:10]))
+    preflight.report_skipped(dataset, log=launch.log)
     launch.accelerator.end_training()
     return run_dir
 
@@ -210,22 +203,6 @@ def _launch(cfg: ExperimentConfig, log_fn) -> Launch:
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
         torch.backends.cudnn.allow_tf32 = tc.tf32
     return Launch(cfg, accelerator, strategy, world, rank, micro, log, log_fn, trackers)
-
-
-def _start_checkpoint(run_dir: Path, resume: str | None, log) -> Path | None:
-    """The checkpoint folder to resume from, or None for a fresh run."""
-    if resume == "auto":
-        found = latest_valid_checkpoint(run_dir, log=log)
-        if found is None:
-            log(f"--resume auto: no valid checkpoint in {run_dir}, starting from scratch")
-        return None if found is None else found.path
-    if resume:
-        return Path(resume)
-    if list_checkpoints(run_dir):
-        raise TrainingError(
-            f"{run_dir} already has checkpoints; pass --resume auto to continue it, or set a new "
-            f"name=... / output_dir=... to start another run")
-    return None
 
 
 def _build(launch: Launch, start: Path | None) -> State:
@@ -316,6 +293,7 @@ def _data(launch: Launch, step: int) -> tuple[Dataset, Iterator]:
             f"the data gives samples of shape {data_shape} but the model expects {model_shape}; set "
             f"model.in_channels={data_shape[0]} model.input_size={data_shape[1]} (or fix data.resolution / "
             f"data.channels)")
+    preflight.check_dataset(cfg, dataset, mcfg)
     sampler = StepSampler(len(dataset), tc.seed, launch.micro, launch.world, launch.rank, tc.grad_accum,
                           start_step=step)
     loader = DataLoader(EpochIndexed(dataset), batch_size=launch.micro, sampler=sampler,

@@ -31,7 +31,7 @@ def bench_one(preset: str, args, device: torch.device, compiled: bool) -> float:
     cfg = model_config(preset, input_size=args.input_size, in_channels=args.channels)
     model = create_model(cfg).to(device).eval()
     net = torch.compile(model) if compiled else model
-    guided = ClassifierFreeGuidance(net, args.cfg_scale, null_class=cfg.num_classes)
+    guided = ClassifierFreeGuidance(net, args.cfg_scale, null_class=cfg.null_label)
     sampler = SamplerConfig(mode="ode", method="euler", steps=args.steps)
     transport = Transport()
     y = torch.randint(0, cfg.num_classes, (args.batch_size,), device=device)

@@ -78,7 +78,7 @@ def previous_forward(model: DiT, x, t, y):
     if model.register_tokens is not None:
         h = torch.cat([h, model.register_tokens.expand(B, -1, -1).to(h.dtype)], dim=1)
     rope = model.rope_tables(grid_h, grid_w, x.device) if model.cfg.rope else None
-    c = model.t_embedder(t) + model.y_embedder(y, False)
+    c = model.t_embedder(t) + model.y_embedder(y)
     for block in model.blocks:
         h = previous_block(block, h, c, rope)
     h = h[:, :T]

@@ -107,21 +107,25 @@ def test_scalar_t_and_bad_input_shape():
         run(model, torch.randn(2, 3, 8, 8), t, y)
 
 
-def test_label_dropout_uses_the_null_id():
-    model = tiny(class_dropout_prob=0.5)
-    labels = torch.arange(10).repeat(20)
-    torch.manual_seed(0)
-    emb = model.y_embedder(labels, train=True)
-    table = model.y_embedder.embedding_table.weight
-    dropped = (emb == table[10]).all(dim=1)
-    assert 0.3 < dropped.float().mean() < 0.7
-    assert torch.equal(emb[~dropped], table[labels[~dropped]])
-    assert torch.equal(model.y_embedder(labels, train=False), table[labels])
-    # A training loop that drops labels itself turns the model's dropout off.
+def test_the_model_never_drops_labels_and_names_its_null_label():
+    """Label dropout lives in the training objective: the forward is the same in train and eval mode."""
     model = randomize(tiny(class_dropout_prob=0.5))
-    model.label_dropout = False
+    assert model.null_label == model.cfg.null_label == 10 == model.y_embedder.embedding_table.num_embeddings - 1
+    labels = torch.arange(11)
+    assert torch.equal(model.y_embedder(labels), model.y_embedder.embedding_table.weight)
     x, t, y = inputs(model, batch=16)
     assert torch.equal(model.train()(x, t, y), run(model, x, t, y))
+
+
+def test_hidden_states_of_chosen_blocks_on_request():
+    model = randomize(tiny(num_registers=4))
+    x, t, y = inputs(model)
+    out, hidden = model.eval()(x, t, y, return_hidden=(1, 2))
+    assert torch.equal(out, model(x, t, y))
+    assert sorted(hidden) == [1, 2] and hidden[1].shape == (2, 16, 64)  # patch tokens, registers excluded
+    assert not torch.equal(hidden[1], hidden[2])
+    with pytest.raises(ValueError, match="block numbers run from 1 to 2"):
+        model(x, t, y, return_hidden=(3,))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -45,6 +45,27 @@ def _image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 
     return root
 
 
+def _small_classifier(channels: int = 3, size: int = 8):
+    """A tiny random REPA encoder (the project's classifier) for 8x8 images."""
+    from vit5_sit.models import model_config
+    from vit5_sit.repa.classifier import Classifier
+
+    torch.manual_seed(0)
+    cfg = model_config("ViT5-T/2", input_size=size, in_channels=channels, depth=1, hidden_size=16, num_heads=2,
+                       learn_sigma=False, class_dropout_prob=0.0, num_classes=1, layer_scale_init=None)
+    return Classifier(cfg, num_classes=2, channels=channels)
+
+
+def _repa_overrides(tmp_path: Path) -> list[str]:
+    """REPA on, aligned to a tiny random encoder file written into tmp_path."""
+    from vit5_sit.repa.classifier import save_classifier
+
+    path = tmp_path / "encoder.safetensors"
+    if not path.exists():
+        save_classifier(_small_classifier(), path)
+    return ["repa.weight=0.5", "repa.depth=1", f"repa.encoder={path}", "repa.projector_dim=16"]
+
+
 def _train(overrides: list[str], resume: str | None = None):
     from vit5_sit.train.loop import train
 
@@ -111,8 +132,10 @@ def _cli_overrides(tmp_path: Path, name: str, data: Path) -> list[str]:
 
 def _final(run: Path) -> dict[str, torch.Tensor]:
     ckpt = list_checkpoints(run)[-1]
+    projector = ckpt.path / "projector.safetensors"
     return {**load_file(str(ckpt.path / "model.safetensors")),
-            **{f"ema.{k}": v for k, v in load_file(str(ckpt.path / "ema.safetensors")).items()}}
+            **{f"ema.{k}": v for k, v in load_file(str(ckpt.path / "ema.safetensors")).items()},
+            **({f"projector.{k}": v for k, v in load_file(str(projector)).items()} if projector.exists() else {})}
 
 
 def _env() -> dict[str, str]:
@@ -120,15 +143,16 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_auto_is_exact(tmp_path):
+@pytest.mark.parametrize("repa", [False, True], ids=["plain", "repa"])
+def test_sigkill_then_resume_auto_is_exact(tmp_path, repa):
     data = _image_folder(tmp_path / "data")
     cmd = [sys.executable, str(ROOT / "train.py")]
-    long = "train.max_steps=30"  # long enough that the kill lands mid-run
-    ref = subprocess.run([*cmd, *_cli_overrides(tmp_path, "ref", data), long], env=_env(), capture_output=True,
+    long = ["train.max_steps=30", *(_repa_overrides(tmp_path) if repa else [])]  # the kill lands mid-run
+    ref = subprocess.run([*cmd, *_cli_overrides(tmp_path, "ref", data), *long], env=_env(), capture_output=True,
                          text=True)
     assert ref.returncode == 0, ref.stderr
 
-    proc = subprocess.Popen([*cmd, *_cli_overrides(tmp_path, "killed", data), long], env=_env(),
+    proc = subprocess.Popen([*cmd, *_cli_overrides(tmp_path, "killed", data), *long], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (tmp_path / "killed/checkpoints/step_0000004").exists() and time.time() < deadline:
@@ -138,32 +162,35 @@ def test_sigkill_then_resume_auto_is_exact(tmp_path):
     done = [c.step for c in list_checkpoints(tmp_path / "killed")]
     assert done and 30 not in done, done
 
-    resumed = subprocess.run([*cmd, *_cli_overrides(tmp_path, "killed", data), long, "--resume", "auto"], env=_env(),
+    resumed = subprocess.run([*cmd, *_cli_overrides(tmp_path, "killed", data), *long, "--resume", "auto"], env=_env(),
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout + resumed.stderr
     a, b = _final(tmp_path / "ref"), _final(tmp_path / "killed")
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys() and any(k.startswith("projector.") for k in a) == repa
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process(tmp_path):
+@pytest.mark.parametrize("repa", [False, True], ids=["plain", "repa"])
+def test_two_processes_match_one_process(tmp_path, repa):
     data = _image_folder(tmp_path / "data")
+    extra = _repa_overrides(tmp_path) if repa else []
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "one", data),
-                          "train.max_steps=4"], env=_env(), capture_output=True, text=True)
+                          "train.max_steps=4", *extra], env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
     # On a machine without GPUs, accelerate's --multi_gpu launcher starts gloo CPU processes (--cpu would
     # start one process only).
     two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                          str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data), "train.max_steps=4"],
+                          str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data), "train.max_steps=4", *extra],
                          env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es) (MULTI_CPU), per-process batch 2" in two.stdout, two.stdout[-2000:]
     assert [c.step for c in list_checkpoints(tmp_path / "two")] == [2, 4]
     a, b = _final(tmp_path / "one"), _final(tmp_path / "two")
+    assert a.keys() == b.keys() and any(k.startswith("projector.") for k in a) == repa
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
 
@@ -178,12 +205,13 @@ def _launch_two(tmp_path: Path, name: str, data: Path, *overrides: str, resume: 
 
 
 @pytest.mark.slow
-def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
+@pytest.mark.parametrize("repa", [False, True], ids=["plain", "repa"])
+def test_fsdp_two_processes_match_one_process_and_resume(tmp_path, repa):
     """FSDP2 over 2 gloo processes (sharded params, AdamW state and EMA; grad accumulation; clipping; the
     sample grid gathered from the shards): checkpoints are full tensors in the usual format, the run resumes
     sharded, and it ends where the one-process run ends."""
     data = _image_folder(tmp_path / "data")
-    common = ["model.depth=2", "train.grad_clip=0.5", "train.max_steps=4"]
+    common = ["model.depth=2", "train.grad_clip=0.5", "train.max_steps=4", *(_repa_overrides(tmp_path) if repa else [])]
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), *_cli_overrides(tmp_path, "one", data), *common],
                          env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
@@ -198,7 +226,7 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
     assert sorted(p.name for p in (tmp_path / "fsdp" / "samples").iterdir()) == [
         "step_0000000.png", "step_0000002.png", "step_0000004.png"]
     a, b = _final(tmp_path / "one"), _final(tmp_path / "fsdp")
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys() and any(k.startswith("projector.") for k in a) == repa
     for k in a:
         assert a[k].shape == b[k].shape, k
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
@@ -213,11 +241,12 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path):
 def test_fsdp_switch_and_its_clear_errors():
     from types import SimpleNamespace
 
-    from vit5_sit.train.loop import TrainingError, _use_fsdp
+    from vit5_sit.train.strategy import StrategyError
+    from vit5_sit.train.strategy import use_fsdp as _use_fsdp
 
     cfg = load_config(None, [*TINY, "train.fsdp=true", "train.mixed_precision=fp16"])
     acc = SimpleNamespace(distributed_type=SimpleNamespace(value="MULTI_GPU"))
-    with pytest.raises(TrainingError, match="fp16 is not supported with FSDP.*bf16"):
+    with pytest.raises(StrategyError, match="fp16 is not supported with FSDP.*bf16"):
         _use_fsdp(cfg, acc, 2, print)
     logs = []
     assert _use_fsdp(cfg, acc, 1, logs.append) is False and "one process" in logs[0]
@@ -251,12 +280,12 @@ def test_nonfinite_steps_are_skipped_then_stop_with_advice(tmp_path, monkeypatch
     from vit5_sit.train.loop import TrainingError
     from vit5_sit.transport import Transport
 
-    real = Transport.loss
+    real = Transport.prediction_loss
 
     def nan_loss(self, *args, **kwargs):
         return real(self, *args, **kwargs) * float("nan")
 
-    monkeypatch.setattr(Transport, "loss", nan_loss)
+    monkeypatch.setattr(Transport, "prediction_loss", nan_loss)
     data = _image_folder(tmp_path / "data")
     with pytest.raises(TrainingError, match="lower train.lr.*bf16.*qk_norm"):
         _train(_cli_overrides(tmp_path, "nan", data) + ["train.max_nonfinite=3"])

@@ -103,6 +103,28 @@ class LogConfig:
 
 
 @dataclass
+class RepaConfig:
+    """REPA (representation alignment, Yu et al. 2024): align one block's patch tokens with a frozen encoder."""
+
+    weight: float = 0.0                    # weight of the alignment term (REPA: 0.5); 0 = off
+    depth: int = 8                         # 1-based block whose output is aligned (REPA: 8 of 28 for XL)
+    encoder: str = ""                      # 'timm:MODEL_NAME' or a path to the project's own encoder .safetensors
+    encoder_weights: str = ""              # timm: local weights file (.safetensors/.pth); '' = the hub (online)
+    encoder_resolution: int = 0            # pixels the encoder sees; 0 = its own default
+    projector_dim: int = 2048              # hidden width of the projector MLP (REPA: 2048)
+
+    def __post_init__(self) -> None:
+        if self.weight > 0 and not self.encoder:
+            raise ConfigError("repa.weight > 0 needs repa.encoder: 'timm:MODEL_NAME' (e.g. "
+                              "timm:vit_small_patch14_dinov2.lvd142m) or the path of an encoder .safetensors "
+                              "made by `python -m vit5_sit.repa.classifier`")
+
+    @property
+    def enabled(self) -> bool:
+        return self.weight > 0
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "run"                      # run folder name under output_dir
     output_dir: str = "runs"
@@ -112,6 +134,7 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    repa: RepaConfig = field(default_factory=RepaConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -258,6 +281,8 @@ def _check_model(cfg: ExperimentConfig) -> None:
         check_guidance(cfg.log.sample_cfg_scale, mcfg.class_dropout_prob)
     except GuidanceError as e:
         raise ConfigError(f"log.sample_cfg_scale: {e}") from None
+    if cfg.repa.enabled and cfg.repa.depth > mcfg.depth:
+        raise ConfigError(f"repa.depth={cfg.repa.depth}: the model has {mcfg.depth} blocks; choose 1-{mcfg.depth}")
 
 
 def _unknown(key: str, valid: list[str], prefix: str) -> str:
@@ -424,6 +449,10 @@ RANGES: dict[str, Range] = {
     "model.register_rope_base": _above(0, "none = registers not rotated"),
     "model.layer_scale_init": _at_least(0, "none = off"),
     "model.gate_init": Range(why="0 = adaLN-Zero"),
+    "repa.weight": _at_least(0, "0 turns REPA off; REPA uses 0.5"),
+    "repa.depth": _at_least(1, "1-based block number"),
+    "repa.encoder_resolution": _at_least(0, "0 = the encoder's own"),
+    "repa.projector_dim": _at_least(1),
 }
 
 

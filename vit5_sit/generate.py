@@ -65,7 +65,7 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
     model = model.to(device).eval()
     net = model
     if cfg_scale != 1.0:
-        net = ClassifierFreeGuidance(model, cfg_scale, null_class=cfg.num_classes, interval=guidance_interval,
+        net = ClassifierFreeGuidance(model, cfg_scale, null_class=cfg.null_label, interval=guidance_interval,
                                      channels=guide_channels)
     if isinstance(vae, str | Path):
         from vit5_sit.data.vae import load_vae

@@ -124,6 +124,12 @@ class ModelConfig:
         return self.in_channels * 2 if self.learn_sigma else self.in_channels
 
     @property
+    def null_label(self) -> int:
+        """The null (unconditional) label id: ``num_classes``, the table's extra row. Training drops labels to
+        it, classifier-free guidance and unconditional sampling pass it."""
+        return self.num_classes
+
+    @property
     def grid_size(self) -> int:
         """Patches per side at the training size."""
         return self.input_size // self.patch_size
@@ -362,19 +368,16 @@ class TimestepEmbedder(nn.Module):
 
 
 class LabelEmbedder(nn.Module):
-    """Class ids -> (B, D). With class_dropout_prob > 0 the table has a null row (id num_classes), and in
-    training mode each label is replaced by the null id with that probability (for classifier-free
-    guidance)."""
+    """Class ids -> (B, D). With class_dropout_prob > 0 the table has a null row, id ``null_label``
+    (= num_classes), the unconditional label of classifier-free guidance. Labels are not dropped here: the
+    training objective replaces them by the null label (vit5_sit.train.objective), the one place that does."""
 
     def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float) -> None:
         super().__init__()
-        self.num_classes, self.dropout_prob = num_classes, dropout_prob
+        self.num_classes = num_classes
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
 
-    def forward(self, labels: torch.Tensor, train: bool) -> torch.Tensor:
-        if train and self.dropout_prob > 0:
-            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
-            labels = torch.where(drop, self.num_classes, labels)
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
         return self.embedding_table(labels)
 
 
@@ -512,8 +515,8 @@ class DiT(nn.Module):
     attention by position; `register_rope_base=None` leaves them un-rotated (that ablation).
 
     RoPE and sin-cos tables are cached per (grid, device) in a plain dict, not in the state dict.
-    `label_dropout` (default True) turns the training-mode label dropout off for a training loop that
-    drops labels itself.
+    `forward(..., return_hidden=(k, ...))` also returns the patch tokens after block k (1-based; registers
+    excluded), for representation alignment (REPA); without it nothing is kept.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -526,9 +529,6 @@ class DiT(nn.Module):
         self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, D)
         self.t_embedder = TimestepEmbedder(D)
         self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
-        # Label dropout in training mode. The training loop turns it off and drops labels itself, drawn
-        # with the rest of a step's seeded randomness (exact resume, same batches on 1 or N processes).
-        self.label_dropout = True
         if cfg.pos_embed != "none":
             self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
         else:
@@ -644,8 +644,17 @@ class DiT(nn.Module):
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(x.shape[0], c, grid_h * p, grid_w * p)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W)."""
+    @property
+    def null_label(self) -> int:
+        """The unconditional (classifier-free guidance) label id."""
+        return self.cfg.null_label
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = ()):
+        """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W).
+
+        return_hidden: block numbers k (1-based); then returns ``(out, {k: (B, T, D) patch tokens after
+        block k})``.
+        """
         B, C, H, W = x.shape
         p = self.patch_size
         if C != self.in_channels or H % p or W % p:
@@ -653,6 +662,8 @@ class DiT(nn.Module):
                              f"height and width divisible by patch_size={p}")
         if t.ndim == 0:
             t = t.expand(B)
+        if any(not 1 <= k <= len(self.blocks) for k in return_hidden):
+            raise ValueError(f"return_hidden={tuple(return_hidden)}: block numbers run from 1 to {len(self.blocks)}")
         grid_h, grid_w = H // p, W // p
         T = grid_h * grid_w
 
@@ -663,19 +674,22 @@ class DiT(nn.Module):
         if self.register_tokens is not None:
             x = torch.cat([x, self.register_tokens.expand(B, -1, -1).to(x.dtype)], dim=1)  # (B, T + R, D)
         rope = self.rope_tables(grid_h, grid_w, x.device) if self.cfg.rope else None  # (T + R, hd / 2)
-        c = self.t_embedder(t) + self.y_embedder(y, self.training and self.label_dropout)  # (B, D)
+        c = self.t_embedder(t) + self.y_embedder(y)               # (B, D)
 
-        for block in self.blocks:
+        hidden = {}
+        for k, block in enumerate(self.blocks, start=1):
             if self.grad_checkpointing and torch.is_grad_enabled():
                 x = checkpoint(block, x, c, rope, use_reentrant=False)
             else:
                 x = block(x, c, rope)                             # (B, T + R, D)
+            if k in return_hidden:
+                hidden[k] = x[:, :T]                              # (B, T, D): patch tokens only
         x = x[:, :T]                                              # (B, T, D): registers dropped
         x = self.final_layer(x, c)                                # (B, T, p * p * C_out)
         x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
         if self.learn_sigma:
             x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
-        return x
+        return (x, hidden) if return_hidden else x
 
 
 # ----------------------------------------------------------------------------------------------------------

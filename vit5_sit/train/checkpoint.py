@@ -1,7 +1,8 @@
 """Training checkpoints: written atomically, validated on read, kept to the last k.
 
 A checkpoint is a folder ``RUN/checkpoints/step_0001000`` holding ``model.safetensors``, ``ema.safetensors``,
-``state.pt`` (optimizer, step, counters; read with ``weights_only=True``) and ``meta.json``. The folder is
+``state.pt`` (optimizer, step, counters; read with ``weights_only=True``), with REPA ``projector.safetensors``
+(trained with the model, not part of the exported EMA model), and ``meta.json``. The folder is
 written under a temporary name, every file is fsynced, ``meta.json`` (sizes and sha256 of the other files)
 is written last, and only then is the folder renamed into place: a crash mid-write leaves a ``.tmp`` folder
 that is never mistaken for a checkpoint, and a truncated or corrupted file fails the meta check.
@@ -57,7 +58,9 @@ def _fsync(path: Path) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch.Tensor],
-                    ema_state: dict[str, torch.Tensor], state: dict[str, Any], keep_last: int = 0) -> Path:
+                    ema_state: dict[str, torch.Tensor], state: dict[str, Any], keep_last: int = 0,
+                    extra: dict[str, dict[str, torch.Tensor]] | None = None,  # file name -> tensors
+                    ) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last`` (0 keeps all)."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -69,8 +72,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
         save_file(_plain(model_state), str(tmp / "model.safetensors"))
         save_file(_plain(ema_state), str(tmp / "ema.safetensors"))
         torch.save({**state, "step": step}, tmp / "state.pt")
+        for name, tensors in (extra or {}).items():
+            save_file(_plain(tensors), str(tmp / name))
         files = {}
-        for name in CHECKPOINT_FILES:
+        for name in (*CHECKPOINT_FILES, *(extra or {})):
             _fsync(tmp / name)
             files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
         atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "files": files}, indent=1))
@@ -210,3 +215,9 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path / name}: not a readable safetensors file ({e})") from None
     return weights[0], weights[1], state
+
+
+def load_extra(path: str | Path, name: str) -> dict[str, torch.Tensor] | None:
+    """The tensors of an extra file of a verified checkpoint (``projector.safetensors``), None if absent."""
+    f = Path(path) / name
+    return load_file(str(f)) if f.is_file() else None

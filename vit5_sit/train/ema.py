@@ -7,7 +7,12 @@ import copy
 import torch
 from torch import nn
 
-from vit5_sit.train.sharding import full_state, local
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The process's own part of ``t``: its shard for an FSDP2 DTensor (same storage), ``t`` otherwise."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class EMA:
@@ -18,8 +23,8 @@ class EMA:
     the average after 1,200 steps is still the initialisation. SiT has no warm-up (decay 0.9999 over
     hundreds of thousands of steps), so the ImageNet configs keep it off.
 
-    Under FSDP the copy is sharded like the model (``shard_model(ema.model, ...)``): each process averages
-    its own shards, and :meth:`state_dict` gathers the full tensors (then every process must call it).
+    Under FSDP the copy is sharded like the model (vit5_sit.train.strategy.Sharded): each process averages
+    its own shards; the strategy gathers the full tensors for a checkpoint.
     """
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = False) -> None:
@@ -40,8 +45,8 @@ class EMA:
             b_ema.copy_(b)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full tensors (gathered from all processes, to the CPU, when sharded)."""
-        return full_state(self.model.state_dict())
+        """The copy's state (unsharded models; a sharded one is gathered by the strategy)."""
+        return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state, strict=True)

@@ -1,31 +1,41 @@
 """The training loop: accelerate (1 CPU to many GPUs / nodes), AdamW, EMA, atomic checkpoints, exact resume.
 
-Every random draw of a step is a pure function of ``(train.seed, step)``: the data order (a seeded
-permutation per epoch, read as one stream of global batches), the flips, the noise, the times and the label
-dropout of the whole global batch are drawn from a generator seeded by the step, and each process takes its
-slice. So a resumed run continues exactly where it stopped, and the same global batch gives the same
-samples on one process or on many.
+``train()`` reads top to bottom: launch, resume point, build, then per step the objective, backward,
+optimizer step, EMA and the non-finite guard, then the periodic work (log, checkpoint, sample grid). How the
+work is spread over processes (one, DDP, FSDP2) is the strategy's business (vit5_sit.train.strategy); what
+is minimised is the objective's (vit5_sit.train.objective).
+
+Every random draw of a step is a pure function of ``(train.seed, step)`` (vit5_sit.train.seeding): the data
+order (a seeded permutation per epoch, read as one stream of global batches), the flips, the noise, the
+times and the label dropout of the whole global batch, and each process takes its slice. So a resumed run
+continues exactly where it stopped, and the same global batch gives the same samples on one process or on
+many.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit5_sit.config import ExperimentConfig
-from vit5_sit.models import DiT, create_model
+from vit5_sit.models import create_model
 from vit5_sit.train import preflight
-from vit5_sit.train.checkpoint import load_checkpoint, save_checkpoint
+from vit5_sit.train.checkpoint import load_checkpoint, load_extra, save_checkpoint
 from vit5_sit.train.ema import EMA
-from vit5_sit.train.sharding import full_state, full_tensor, is_sharded, shard_model, shard_optimizer_state
+from vit5_sit.train.objective import Batch, Objective, StepRng, Trainee
+from vit5_sit.train.seeding import derive_seed
+from vit5_sit.train.strategy import FullState, Replicated, StrategyError, make_strategy
 from vit5_sit.transport import Transport
+
+PROJECTOR_FILE = "projector.safetensors"  # REPA's projector in a checkpoint folder
 
 
 class TrainingError(RuntimeError):
@@ -51,7 +61,7 @@ class StepSampler(Sampler):
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            g = torch.Generator().manual_seed(derive_seed(self.seed, "data-order", epoch))
             self._perm = (epoch, torch.randperm(self.n, generator=g))
         return self._perm[1]
 
@@ -91,38 +101,83 @@ def build_training_dataset(cfg: ExperimentConfig) -> Dataset:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Per-step randomness.
+# The loop.
 
 @dataclass
-class StepNoise:
-    t: torch.Tensor      # (b,)
-    noise: torch.Tensor  # (b, C, H, W)
-    drop: torch.Tensor   # (b,) bool: replace the label by the null class
+class Launch:
+    """The processes: accelerate, the strategy, this process's share of a global batch, logging."""
+
+    cfg: ExperimentConfig
+    accelerator: Any
+    strategy: Replicated
+    world: int
+    rank: int
+    micro: int                               # per-process micro-batch
+    log: Callable[[str], None]
+    log_fn: Callable[[str], None] | None     # the caller's: also gets the step lines
+    trackers: list[str]
 
 
-def step_noise(seed: int, step: int, micro_index: int, global_batch: int, shape: tuple[int, ...],
-               rank: int, world: int, micro: int, transport: Transport, drop_prob: float) -> StepNoise:
-    """The noise of this process's micro-batch, sliced from a draw for the whole global batch."""
-    g = torch.Generator().manual_seed((seed + 1) * 7_919_113 + step)
-    t = transport.sample_t(global_batch, generator=g)
-    noise = torch.randn((global_batch, *shape), generator=g)
-    drop = torch.rand(global_batch, generator=g) < drop_prob
-    lo = micro_index * world * micro + rank * micro
-    sl = slice(lo, lo + micro)
-    return StepNoise(t[sl], noise[sl], drop[sl])
+@dataclass
+class State:
+    """What a step changes."""
+
+    net: nn.Module                           # the (prepared) Trainee
+    optimizer: Any
+    ema: EMA
+    objective: Objective
+    transport: Transport
+    vae: Any                                 # latent runs: loaded once, for REPA's images and the grids
+    step: int = 0
+    nonfinite_total: int = 0
+    nonfinite_run: int = 0
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The loop.
+@dataclass
+class StepResult:
+    terms: dict[str, float]                  # loss and its terms, averaged over processes
+    grad_norm: float
+    lr: float
+    finite: bool
+
 
 def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path:
     """Train ``cfg`` to ``train.max_steps``; returns the run folder. ``resume``: None, 'auto' or a path."""
-    from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
     from tqdm.auto import tqdm
 
-    tc = cfg.train
-    run_dir = cfg.run_dir
+    tc, run_dir = cfg.train, cfg.run_dir
+    launch = _launch(cfg, log_fn)
+    # Where to start (run folder, checkpoints and settings checked before any compute).
+    start = preflight.start_checkpoint(cfg, resume, log=launch.log, main=launch.accelerator.is_main_process)
+    state = _build(launch, start)
+    dataset, data_iter = _data(launch, state.step)
+    if launch.accelerator.is_main_process:  # only now: a start that fails leaves no run folder behind
+        preflight.write_run_config(cfg)
+    if launch.trackers:
+        launch.accelerator.init_trackers(cfg.log.project, config=_flat_hparams(cfg))
+    bar = tqdm(total=tc.max_steps, initial=state.step, disable=not launch.accelerator.is_main_process,
+               desc="train", dynamic_ncols=True)
+    meter = _Throughput()
+    if cfg.log.sample_every and state.step == 0:
+        _sample_grid(launch, state)
+    state.net.train()
+    while state.step < tc.max_steps:
+        result = _train_step(launch, state, data_iter)
+        _guard(launch, state, result)
+        bar.update(1)
+        meter.add(tc.global_batch_size)
+        _periodic(launch, state, result, bar, meter)
+    bar.close()
+    preflight.report_skipped(dataset, log=launch.log)
+    launch.accelerator.end_training()
+    return run_dir
+
+
+def _launch(cfg: ExperimentConfig, log_fn) -> Launch:
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    tc, run_dir = cfg.train, cfg.run_dir
     trackers = [] if cfg.log.tracker == "none" else [cfg.log.tracker]
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),  # without it, CPU processes of a multi-process launch don't join
@@ -132,12 +187,11 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
     log = log_fn or (lambda msg: accelerator.print(msg))
-    if accelerator.distributed_type.value in ("DEEPSPEED", "MEGATRON_LM"):
-        raise TrainingError(
-            f"{accelerator.distributed_type.value} is not supported: launch with data parallelism "
-            "(accelerate launch --multi_gpu ...) or with FSDP (train.fsdp=true, or an accelerate config with "
-            "distributed_type: FSDP)")
     world, rank = accelerator.num_processes, accelerator.process_index
+    try:
+        strategy = make_strategy(cfg, accelerator, log)
+    except StrategyError as e:
+        raise TrainingError(str(e)) from None
     if tc.global_batch_size % (world * tc.grad_accum):
         raise TrainingError(
             f"train.global_batch_size={tc.global_batch_size} is not divisible by processes ({world}) x "
@@ -145,44 +199,92 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     micro = tc.global_batch_size // (world * tc.grad_accum)
     log(f"{world} process(es) ({accelerator.distributed_type.value}), per-process batch {micro} x "
         f"{tc.grad_accum} accumulation = global batch {tc.global_batch_size}")
-    sharded = _use_fsdp(cfg, accelerator, world, log)
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
         torch.backends.cudnn.allow_tf32 = tc.tf32
+    return Launch(cfg, accelerator, strategy, world, rank, micro, log, log_fn, trackers)
 
-    # Where to start (run folder, checkpoints and settings checked before any compute).
-    start_ckpt = preflight.start_checkpoint(cfg, resume, log=log, main=accelerator.is_main_process)
 
-    # Model, EMA, optimizer.
+def _build(launch: Launch, start: Path | None) -> State:
+    """Model, EMA, REPA, optimizer and objective, laid out by the strategy, resumed from ``start``."""
+    cfg, tc = launch.cfg, launch.cfg.train
     torch.manual_seed(tc.seed)
     mcfg = cfg.model_config()
     model = create_model(mcfg)
-    model.label_dropout = False  # drawn below with the step's noise instead
     ema = EMA(model, tc.ema_decay, warmup=tc.ema_warmup)
-    transport = Transport(cfg.transport)
-    step, nonfinite_total, optimizer_state = 0, 0, None
-    if start_ckpt is not None:
-        model_sd, ema_sd, state = load_checkpoint(getattr(start_ckpt, "path", start_ckpt))
-        model.load_state_dict(model_sd, strict=True)
-        ema.load_state_dict(ema_sd)
-        optimizer_state = state["optimizer"]
-        step, nonfinite_total = int(state["step"]), int(state.get("nonfinite_total", 0))
-        ema.num_updates = int(state.get("ema_updates", step))
-        log(f"resumed from {getattr(start_ckpt, 'path', start_ckpt)} at step {step}")
+    vae = _load_vae(launch)
+    projector, alignment = _repa(launch, mcfg, vae)
+    trainee = Trainee(model, projector, cfg.repa.depth if projector is not None else None)
     if tc.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    ema.model.to(accelerator.device)
-    if sharded:  # the optimizer must be built over the shards
-        shard_model(model.to(accelerator.device), accelerator.device.type)
-        shard_model(ema.model, accelerator.device.type)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
-                                  betas=(tc.beta1, tc.beta2))
-    if optimizer_state is not None:
-        optimizer.load_state_dict(shard_optimizer_state(optimizer_state, optimizer) if sharded else optimizer_state)
-    if tc.compile:
-        model = torch.compile(model)
 
-    # Data: our own sampler shards the stream, so the loader is not passed through accelerate.
+    def make_optimizer(params):
+        return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2))
+
+    net, optimizer = launch.strategy.prepare(trainee, ema, make_optimizer)
+    if tc.compile:
+        model.compile()  # in place: parameter names (and so checkpoints) unchanged
+    transport = Transport(cfg.transport)
+    objective = Objective(transport, mcfg.null_label, mcfg.class_dropout_prob, alignment, cfg.repa.weight)
+    state = State(net, optimizer, ema, objective, transport, vae)
+    if start is not None:
+        _resume(launch, state, start)
+    return state
+
+
+def _load_vae(launch: Launch):
+    """Latent runs: the VAE, loaded once (REPA's encoder sees decoded images; the grids decode samples)."""
+    cfg = launch.cfg
+    if cfg.data.kind != "latents":
+        return None
+    if not (cfg.repa.enabled or (cfg.log.sample_every and launch.accelerator.is_main_process)):
+        return None
+    from vit5_sit.data.vae import load_vae
+
+    return load_vae(cfg.data.vae, device=launch.accelerator.device)
+
+
+def _repa(launch: Launch, mcfg, vae):
+    """(projector, alignment term), or (None, None) without REPA."""
+    rc = launch.cfg.repa
+    if not rc.enabled:
+        return None, None
+    from vit5_sit.data.vae import decode
+    from vit5_sit.repa import Alignment, EncoderError, build_projector, load_encoder
+
+    try:
+        encoder = load_encoder(rc.encoder, rc.encoder_weights, rc.encoder_resolution, launch.accelerator.device)
+    except EncoderError as e:
+        raise TrainingError(str(e)) from None
+    projector = build_projector(mcfg.hidden_size, encoder.z_dim, rc.projector_dim)
+    to_images = (lambda x1: decode(vae, x1)) if vae is not None else None
+    launch.log(f"REPA: block {rc.depth} aligned to {rc.encoder} ({encoder.z_dim} features), weight {rc.weight:g}")
+    return projector, Alignment(encoder, mcfg.grid_size, to_images)
+
+
+def _resume(launch: Launch, state: State, start: Path) -> None:
+    model_sd, ema_sd, saved = load_checkpoint(start)
+    projector_sd = load_extra(start, PROJECTOR_FILE)
+    repa = launch.cfg.repa.enabled
+    if repa != (projector_sd is not None):
+        raise TrainingError(
+            f"{start} was trained {'with' if projector_sd is not None else 'without'} REPA but this run has "
+            f"repa.weight={launch.cfg.repa.weight:g}: resume with the repa.* settings of its config.yaml, or "
+            "start a new run (name=...)")
+    full = FullState(model_sd, projector_sd, ema_sd, saved["optimizer"])
+    launch.strategy.load(state.net, state.optimizer, state.ema, full)
+    state.step, state.nonfinite_total = int(saved["step"]), int(saved.get("nonfinite_total", 0))
+    state.ema.num_updates = int(saved.get("ema_updates", state.step))
+    launch.log(f"resumed from {start} at step {state.step}")
+
+
+def _data(launch: Launch, step: int) -> tuple[Dataset, Iterator]:
+    """The dataset and an endless iterator over this process's micro-batches from ``step`` on.
+
+    Our own sampler shards the stream, so the loader is not passed through accelerate.
+    """
+    cfg, tc = launch.cfg, launch.cfg.train
+    mcfg = cfg.model_config()
     dataset = build_training_dataset(cfg)
     data_shape = tuple(getattr(dataset, "sample_shape", ()) or ())
     model_shape = (mcfg.in_channels, mcfg.input_size, mcfg.input_size)
@@ -192,136 +294,121 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             f"model.in_channels={data_shape[0]} model.input_size={data_shape[1]} (or fix data.resolution / "
             f"data.channels)")
     preflight.check_dataset(cfg, dataset, mcfg)
-    if accelerator.is_main_process:  # only now: a start that fails leaves no run folder behind
-        preflight.write_run_config(cfg)
-    sampler = StepSampler(len(dataset), tc.seed, micro, world, rank, tc.grad_accum, start_step=step)
-    loader = DataLoader(EpochIndexed(dataset), batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers,
-                        pin_memory=torch.cuda.is_available(), drop_last=True,
+    sampler = StepSampler(len(dataset), tc.seed, launch.micro, launch.world, launch.rank, tc.grad_accum,
+                          start_step=step)
+    loader = DataLoader(EpochIndexed(dataset), batch_size=launch.micro, sampler=sampler,
+                        num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(), drop_last=True,
                         persistent_workers=cfg.data.num_workers > 0)
-    if not sharded:  # sharded: our FSDP2 wrapping, autocast below, no DDP wrapper
-        model, optimizer = accelerator.prepare(model, optimizer)
-    autocast = accelerator.autocast if sharded else contextlib.nullcontext
-    if trackers:
-        accelerator.init_trackers(cfg.log.project, config=_flat_hparams(cfg))
-
-    shape = model_shape
-    null_class = mcfg.num_classes
-    drop_prob = mcfg.class_dropout_prob
-    model.train()
-    data_iter = iter(loader)
-    bar = tqdm(total=tc.max_steps, initial=step, disable=not accelerator.is_main_process, desc="train",
-               dynamic_ncols=True)
-    nonfinite_run, t_last, images_since = 0, time.perf_counter(), 0
-    if cfg.log.sample_every and step == 0:
-        _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
-    while step < tc.max_steps:
-        torch.manual_seed((tc.seed + 1) * 104_729 + step * 97 + rank)  # any other randomness: per step too
-        lr = tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=accelerator.device)
-        for a in range(tc.grad_accum):
-            x, y = next(data_iter)
-            x, y = x.to(accelerator.device, non_blocking=True), y.to(accelerator.device, non_blocking=True)
-            sn = step_noise(tc.seed, step, a, tc.global_batch_size, shape, rank, world, micro, transport,
-                            drop_prob)
-            y = torch.where(sn.drop.to(y.device), torch.full_like(y, null_class), y)
-            if sharded:  # reduce-scatter the gradients once, after the last micro-batch
-                model.set_requires_gradient_sync(a == tc.grad_accum - 1)
-            with accelerator.accumulate(model):
-                with autocast():
-                    loss = transport.loss(model, x, y, t=sn.t.to(x.device), noise=sn.noise.to(x.device)).mean()
-                accelerator.backward(loss)
-                loss_sum += loss.detach() / tc.grad_accum
-                if accelerator.sync_gradients:
-                    grad_norm = _clip(accelerator, model, tc.grad_clip, sharded)
-                    loss_all = accelerator.reduce(loss_sum, "mean")
-                    # fp16: overflowing gradients are the loss scaler's business (it skips and rescales).
-                    grads_ok = math.isfinite(grad_norm) or tc.mixed_precision == "fp16"
-                    finite = bool(torch.isfinite(loss_all)) and grads_ok
-                    if finite:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if finite:
-            nonfinite_run = 0
-            ema.update(accelerator.unwrap_model(model))
-        else:
-            nonfinite_run += 1
-            nonfinite_total += 1
-            log(f"step {step}: non-finite loss or gradient ({float(loss_all):.4g}); step skipped "
-                f"({nonfinite_run} in a row)")
-            if nonfinite_run >= tc.max_nonfinite:
-                raise TrainingError(
-                    f"{nonfinite_run} non-finite steps in a row at step {step}: the run diverged. Try a lower "
-                    f"train.lr (now {tc.lr:g}), train.mixed_precision=bf16 instead of fp16, model.qk_norm=true, "
-                    f"or train.grad_clip=1.0; resume from the last checkpoint with --resume auto")
-        images_since += tc.global_batch_size
-        bar.update(1)
-        if step % cfg.log.every == 0 or step == tc.max_steps:
-            now = time.perf_counter()
-            ips = images_since / max(now - t_last, 1e-9)
-            t_last, images_since = now, 0
-            stats = {"loss": float(loss_all), "grad_norm": grad_norm, "lr": lr, "images_per_s": ips,
-                     "nonfinite_total": nonfinite_total}
-            bar.set_postfix(loss=f"{stats['loss']:.4f}", gnorm=f"{grad_norm:.3g}", lr=f"{lr:.2g}",
-                            ips=f"{ips:.1f}")
-            if trackers:
-                accelerator.log(stats, step=step)
-            if log_fn is not None:
-                log_fn(f"step {step} " + " ".join(f"{k}={v:.5g}" for k, v in stats.items()))
-        if step % tc.ckpt_every == 0 or step == tc.max_steps:
-            accelerator.wait_for_everyone()
-            # Sharded: every process takes part in gathering the full tensors; the main one writes them.
-            if sharded or accelerator.is_main_process:
-                model_sd = full_state(accelerator.unwrap_model(model).state_dict())
-                ema_sd = ema.state_dict()
-                optimizer_sd = full_state(optimizer.state_dict()) if sharded else optimizer.state_dict()
-            if accelerator.is_main_process:
-                state = {"optimizer": optimizer_sd, "nonfinite_total": nonfinite_total,
-                         "ema_updates": ema.num_updates,
-                         "samples_seen": step * tc.global_batch_size}
-                save_checkpoint(run_dir, step, model_sd, ema_sd, state, keep_last=tc.keep_last)
-            accelerator.wait_for_everyone()
-        if cfg.log.sample_every and step % cfg.log.sample_every == 0:
-            _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
-    bar.close()
-    preflight.report_skipped(dataset, log=log)
-    accelerator.end_training()
-    return run_dir
+    return dataset, iter(loader)
 
 
-def _use_fsdp(cfg: ExperimentConfig, accelerator, world: int, log) -> bool:
-    """Whether to shard with FSDP2: ``train.fsdp`` or an accelerate config with ``distributed_type: FSDP``."""
-    wanted = cfg.train.fsdp or accelerator.distributed_type.value == "FSDP"
-    if not wanted:
-        return False
-    if world == 1:
-        log("FSDP asked for with one process: nothing to shard, training unsharded")
-        return False
-    if cfg.train.mixed_precision == "fp16":
-        raise TrainingError("train.mixed_precision=fp16 is not supported with FSDP (its loss scaler needs sharded "
-                            "gradients); use train.mixed_precision=bf16")
-    log(f"FSDP2: each transformer block, the model and the EMA sharded over {world} processes"
-        + (" (accelerate's fsdp_* options other than FSDP itself are not read)"
-           if accelerator.distributed_type.value == "FSDP" else ""))
-    return True
+def _lr(tc, step: int) -> float:
+    """Linear warm-up over ``train.warmup_steps``, then constant."""
+    return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
 
 
-def _clip(accelerator, model: torch.nn.Module, max_norm: float | None, sharded: bool = False) -> float:
-    """Global gradient norm (clipped to ``max_norm`` when set)."""
-    if sharded:  # DTensor gradients: torch's norm reduces over the shards
-        if max_norm is not None:
-            return float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
-        return float(full_tensor(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
-                                                                 if p.grad is not None])))
-    if max_norm is not None:
-        return float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
-    accelerator.unscale_gradients()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+def _train_step(launch: Launch, state: State, data_iter: Iterator) -> StepResult:
+    """One optimizer step over ``train.grad_accum`` micro-batches; skipped if the loss or gradients are not finite."""
+    tc, acc, strategy = launch.cfg.train, launch.accelerator, launch.strategy
+    torch.manual_seed(derive_seed(tc.seed, "step", state.step, launch.rank))  # any other randomness: per step too
+    lr = _lr(tc, state.step)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    sums: dict[str, torch.Tensor] = {}
+    for a in range(tc.grad_accum):
+        x, y = next(data_iter)
+        batch = Batch(x.to(acc.device, non_blocking=True), y.to(acc.device, non_blocking=True))
+        rng = StepRng.for_micro_batch(tc.seed, state.step, tc.global_batch_size, a, launch.micro, launch.rank,
+                                      launch.world)
+        strategy.before_micro_step(state.net, last=a == tc.grad_accum - 1)
+        with acc.accumulate(state.net):
+            with strategy.autocast():
+                terms = state.objective(state.net, batch, rng)
+            acc.backward(terms["loss"])
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0) + v.detach().float() / tc.grad_accum
+            if acc.sync_gradients:
+                grad_norm = strategy.clip(state.net, tc.grad_clip)
+                reduced = acc.reduce(torch.stack(list(sums.values())), "mean")
+                # fp16: overflowing gradients are the loss scaler's business (it skips and rescales).
+                grads_ok = math.isfinite(grad_norm) or tc.mixed_precision == "fp16"
+                finite = bool(torch.isfinite(reduced).all()) and grads_ok
+                if finite:
+                    state.optimizer.step()
+                state.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    return StepResult(dict(zip(sums, reduced.tolist())), grad_norm, lr, finite)
+
+
+def _guard(launch: Launch, state: State, result: StepResult) -> None:
+    """EMA after a good step; count a skipped one, and stop the run after ``train.max_nonfinite`` in a row."""
+    tc = launch.cfg.train
+    if result.finite:
+        state.nonfinite_run = 0
+        state.ema.update(launch.strategy.unwrap(state.net).model)
+        return
+    state.nonfinite_run += 1
+    state.nonfinite_total += 1
+    launch.log(f"step {state.step}: non-finite loss or gradient ({result.terms['loss']:.4g}); step skipped "
+               f"({state.nonfinite_run} in a row)")
+    if state.nonfinite_run >= tc.max_nonfinite:
+        raise TrainingError(
+            f"{state.nonfinite_run} non-finite steps in a row at step {state.step}: the run diverged. Try a "
+            f"lower train.lr (now {tc.lr:g}), train.mixed_precision=bf16 instead of fp16, model.qk_norm=true, "
+            f"or train.grad_clip=1.0; resume from the last checkpoint with --resume auto")
+
+
+class _Throughput:
+    """Images per second since the last log line."""
+
+    def __init__(self) -> None:
+        self.t_last, self.images = time.perf_counter(), 0
+
+    def add(self, n: int) -> None:
+        self.images += n
+
+    def rate(self) -> float:
+        now = time.perf_counter()
+        ips = self.images / max(now - self.t_last, 1e-9)
+        self.t_last, self.images = now, 0
+        return ips
+
+
+def _periodic(launch: Launch, state: State, result: StepResult, bar, meter: _Throughput) -> None:
+    """Log every ``log.every`` steps, checkpoint every ``train.ckpt_every``, grid every ``log.sample_every``."""
+    cfg, step = launch.cfg, state.step
+    last = step == cfg.train.max_steps
+    if step % cfg.log.every == 0 or last:
+        _log_step(launch, state, result, bar, meter.rate())
+    if step % cfg.train.ckpt_every == 0 or last:
+        _checkpoint(launch, state)
+    if cfg.log.sample_every and step % cfg.log.sample_every == 0:
+        _sample_grid(launch, state)
+
+
+def _log_step(launch: Launch, state: State, result: StepResult, bar, ips: float) -> None:
+    stats = {**result.terms, "grad_norm": result.grad_norm, "lr": result.lr, "images_per_s": ips,
+             "nonfinite_total": state.nonfinite_total}
+    bar.set_postfix(loss=f"{stats['loss']:.4f}", gnorm=f"{result.grad_norm:.3g}", lr=f"{result.lr:.2g}",
+                    ips=f"{ips:.1f}")
+    if launch.trackers:
+        launch.accelerator.log(stats, step=state.step)
+    if launch.log_fn is not None:
+        launch.log_fn(f"step {state.step} " + " ".join(f"{k}={v:.5g}" for k, v in stats.items()))
+
+
+def _checkpoint(launch: Launch, state: State) -> None:
+    """Full tensors gathered by the strategy (a collective), written by the main process."""
+    acc, tc = launch.accelerator, launch.cfg.train
+    acc.wait_for_everyone()
+    full = launch.strategy.gather(state.net, state.optimizer, state.ema)
+    if full is not None:
+        saved = {"optimizer": full.optimizer, "nonfinite_total": state.nonfinite_total,
+                 "ema_updates": state.ema.num_updates, "samples_seen": state.step * tc.global_batch_size}
+        extra = {PROJECTOR_FILE: full.projector} if full.projector is not None else None
+        save_checkpoint(launch.cfg.run_dir, state.step, full.model, full.ema, saved, keep_last=tc.keep_last,
+                        extra=extra)
+    acc.wait_for_everyone()
 
 
 def _flat_hparams(cfg: ExperimentConfig) -> dict:
@@ -337,24 +424,18 @@ def _flat_hparams(cfg: ExperimentConfig) -> dict:
     return flat
 
 
-def _sample_grid(cfg: ExperimentConfig, ema: EMA, transport: Transport, run_dir: Path, step: int,
-                 accelerator) -> None:
+def _sample_grid(launch: Launch, state: State) -> None:
     """The run's fixed-seed grid from the EMA weights, on the main process (gathered first when sharded)."""
     from vit5_sit.generate import sample_images, save_labelled_grid
 
-    model: DiT = ema.model
-    if is_sharded(model):  # a collective: every process gathers, the main one samples
-        full = ema.state_dict()
-        if not accelerator.is_main_process:
-            return
-        model = create_model(cfg.model_config()).to(accelerator.device).eval()
-        model.load_state_dict(full)
-    elif not accelerator.is_main_process:
+    cfg = launch.cfg
+    model = launch.strategy.sampling_model(state.ema, lambda: create_model(cfg.model_config()))
+    if model is None:
         return
     lc = cfg.log
     classes = [c for c in lc.sample_classes for _ in range(lc.sample_per_class)]
     seeds = list(range(lc.sample_seed, lc.sample_seed + len(classes)))
-    images = sample_images(model, transport, cfg.sampler, classes, seeds, cfg_scale=lc.sample_cfg_scale,
-                           vae=cfg.data.vae if cfg.data.kind == "latents" else None, device=accelerator.device)
-    save_labelled_grid(images, run_dir / "samples" / f"step_{step:07d}.png", ncol=lc.sample_per_class,
+    images = sample_images(model, state.transport, cfg.sampler, classes, seeds, cfg_scale=lc.sample_cfg_scale,
+                           vae=state.vae, device=launch.accelerator.device)
+    save_labelled_grid(images, cfg.run_dir / "samples" / f"step_{state.step:07d}.png", ncol=lc.sample_per_class,
                        row_labels=[f"class {c}" for c in lc.sample_classes])

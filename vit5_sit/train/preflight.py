@@ -37,7 +37,7 @@ BYTES_PER_PARAMETER = 16     # fp32 model + EMA + AdamW's two moments
 # Settings a resumed run must share with its config.yaml: they decide the weights' shapes, the loss, or the
 # data order (a step's batch is positions [step * G, (step + 1) * G) of the seeded stream).
 RESUME_FIXED = ("model", "transport", "data.kind", "data.resolution", "data.channels",
-                "train.global_batch_size", "train.seed")
+                "train.global_batch_size", "train.seed", "repa.weight", "repa.depth", "repa.projector_dim")
 
 
 class PreflightError(ValueError):

@@ -32,7 +32,7 @@ class ClassifierFreeGuidance:
         self,
         model,                      # the network: (x, t, y) -> prediction
         scale: float,               # 1 = conditional model, 0 = unconditional
-        null_class: int,            # the label of the unconditional class (num_classes)
+        null_class: int | None = None,  # the unconditional label; None = the network's null_label
         interval=(0.0, 1.0),        # (low, high) in t: guide where low <= t <= high
         channels: int | None = None,  # None = all channels; n = only the first n (official SiT: 3)
     ):
@@ -40,6 +40,10 @@ class ClassifierFreeGuidance:
         low, high = interval
         if channels is not None and channels < 1:
             raise ValueError(f"ClassifierFreeGuidance: channels={channels!r} must be None (all) or >= 1")
+        if null_class is None:
+            null_class = getattr(model, "null_label", None)
+            if null_class is None:
+                raise ValueError("ClassifierFreeGuidance: pass null_class (the model has no null_label)")
         self.model, self.scale, self.null_class = model, float(scale), int(null_class)
         self.low, self.high, self.channels = float(low), float(high), channels
 

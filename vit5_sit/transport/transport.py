@@ -241,12 +241,16 @@ class Transport:
              t: torch.Tensor | None = None,      # (B,) training times; None = sample_t from the global RNG
              noise: torch.Tensor | None = None,  # x0 like x1; None = randn_like(x1) from the global RNG
              ) -> torch.Tensor:
-        """Per-sample loss (B,): the mean over all non-batch dims, in x1's dtype and device."""
+        """Per-sample loss (B,) of ``model(x_t, t, y)``: the mean over all non-batch dims, in x1's dtype."""
         x0 = torch.randn_like(x1) if noise is None else noise.to(x1)
         t = self.sample_t(x1.shape[0], device=x1.device, dtype=x1.dtype) if t is None else t.to(x1)
         xt, ut = self.interpolate(x0, x1, t)
-        out = model(xt, t, y)
-        dims = tuple(range(1, x1.ndim))
+        return self.prediction_loss(model(xt, t, y), x0, ut, t)
+
+    def prediction_loss(self, out: torch.Tensor, x0: torch.Tensor, ut: torch.Tensor,
+                        t: torch.Tensor) -> torch.Tensor:
+        """Per-sample loss (B,) of a prediction ``out`` at (x_t, t), x_t built from noise x0 with velocity ut."""
+        dims = tuple(range(1, x0.ndim))
         if self.cfg.prediction == "velocity":
             return ((out - ut) ** 2).mean(dims)
         # Score / noise: SiT's weights, in terms of lambda_t and sigma_t.
@@ -259,6 +263,5 @@ class Transport:
         if self.cfg.prediction == "noise":
             err = ((out - x0) ** 2).mean(dims)
         else:
-            err = ((out * _expand(sigma, x1) + x0) ** 2).mean(dims)  # sigma_t * score = -eps
+            err = ((out * _expand(sigma, x0) + x0) ** 2).mean(dims)  # sigma_t * score = -eps
         return weight * err
-

@@ -1,0 +1,100 @@
+"""The training objective: one object owns a step's draws (t, noise, label dropout), calls the network and
+returns the loss with each of its terms.
+
+``objective(net, batch, rng) -> {"loss": total, "flow": ..., ["repa": ...]}``. Every draw is a pure function
+of ``(train.seed, step)``: it is made for the whole global batch and each micro-batch of each process takes
+its rows (:class:`StepRng`), so a resumed run continues exactly and N processes see what one process sees.
+Label dropout happens here and nowhere else: the model's forward never drops labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vit5_sit.models import DiT
+from vit5_sit.train.seeding import derive_seed
+from vit5_sit.transport import Transport
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor  # (b, C, H, W) clean data x1: images in [-1, 1] or latents
+    y: torch.Tensor  # (b,) class ids
+
+
+@dataclass
+class StepRng:
+    """The randomness of one micro-batch: the stream of ``(seed, step)``, drawn for the global batch, and the
+    rows of it that this micro-batch of this process takes."""
+
+    seed: int
+    step: int
+    global_batch: int
+    rows: slice
+
+    @classmethod
+    def for_micro_batch(cls, seed: int, step: int, global_batch: int, micro_index: int, micro: int, rank: int,
+                        world: int) -> StepRng:
+        lo = micro_index * world * micro + rank * micro  # the data order's layout (StepSampler)
+        return cls(seed, step, global_batch, slice(lo, lo + micro))
+
+    def generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed, "noise", self.step))
+
+
+class Trainee(nn.Module):
+    """What the optimizer trains: the denoiser and, with REPA, the projector of block ``depth``'s tokens.
+
+    ``forward(x_t, t, y) -> (prediction, projected tokens or None)``. One module, so that DDP and FSDP wrap
+    and synchronise both, and the optimizer's parameter order is the model's, then the projector's.
+    """
+
+    def __init__(self, model: DiT, projector: nn.Module | None = None, depth: int | None = None) -> None:
+        super().__init__()
+        self.model, self.projector, self.depth = model, projector, depth
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor):
+        if self.projector is None:
+            return self.model(x, t, y), None
+        out, hidden = self.model(x, t, y, return_hidden=(self.depth,))
+        return out, self.projector(hidden[self.depth])  # (B, C, H, W), (B, T, z_dim)
+
+
+class Objective:
+    """Flow matching (``Transport``'s loss) plus, optionally, REPA's alignment term times its weight."""
+
+    def __init__(self, transport: Transport, null_label: int, label_dropout: float,
+                 alignment=None,         # vit5_sit.repa.Alignment: (projected tokens, x1) -> scalar; None = off
+                 alignment_weight: float = 0.0) -> None:
+        self.transport, self.null_label, self.label_dropout = transport, null_label, label_dropout
+        self.alignment, self.alignment_weight = alignment, alignment_weight
+
+    def draw(self, rng: StepRng, sample_shape: tuple[int, ...]):
+        """(t, noise, drop) of the micro-batch: times (b,), noise (b, *sample_shape), drop (b,) bool."""
+        g = rng.generator()
+        t = self.transport.sample_t(rng.global_batch, generator=g)
+        noise = torch.randn((rng.global_batch, *sample_shape), generator=g)
+        drop = torch.rand(rng.global_batch, generator=g) < self.label_dropout
+        return t[rng.rows], noise[rng.rows], drop[rng.rows]
+
+    def drop_labels(self, y: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+        """Classifier-free guidance training: dropped labels become the null label."""
+        return torch.where(drop.to(y.device), torch.full_like(y, self.null_label), y)
+
+    def __call__(self, net: nn.Module, batch: Batch, rng: StepRng) -> dict[str, torch.Tensor]:
+        x1 = batch.x
+        t, noise, drop = self.draw(rng, tuple(x1.shape[1:]))
+        if t.shape[0] != x1.shape[0]:
+            raise ValueError(f"the batch has {x1.shape[0]} samples but the step's draw gives {t.shape[0]}")
+        y = self.drop_labels(batch.y, drop)
+        x0, t = noise.to(x1), t.to(x1)
+        xt, ut = self.transport.interpolate(x0, x1, t)
+        out, projected = net(xt, t, y)
+        flow = self.transport.prediction_loss(out, x0, ut, t).mean()
+        if self.alignment is None:
+            return {"loss": flow, "flow": flow}
+        align = self.alignment(projected, x1)
+        return {"loss": flow + self.alignment_weight * align, "flow": flow, "repa": align}

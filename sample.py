@@ -174,6 +174,14 @@ def sampler_config(args, cfg):
         raise UsageError(f"--sampler/--method/--steps: {e}") from None
 
 
+def sampler_source(args, cfg) -> str:
+    """Where the sampler settings came from, for the line sample.py prints before sampling."""
+    flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps))
+             if v is not None]
+    base = "the model's config" if cfg is not None else "the default"
+    return f"{base} with {', '.join(flags)}" if flags else base
+
+
 def vae_for(args, loaded: Loaded):
     from vit5_sit.data.vae import DEFAULT_VAE
 
@@ -221,7 +229,7 @@ def run(args) -> int:
 
     from vit5_sit import distributed as dist
     from vit5_sit.data.vae import VAELoadError
-    from vit5_sit.generate import SamplingStateError
+    from vit5_sit.generate import SamplingInterrupted, SamplingStateError
     from vit5_sit.transport import Transport, TransportConfig
 
     grid = check_flags(args)
@@ -241,6 +249,8 @@ def run(args) -> int:
     steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""
     size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
+    dist.print0(f"sampler {sampler.mode}/{sampler.method}{steps} ({sampler_source(args, loaded.cfg)}), "
+                f"cfg {args.cfg_scale:g}")
     start = time.perf_counter()
     try:
         if grid:
@@ -256,16 +266,48 @@ def run(args) -> int:
         raise UsageError(f"--vae: {e}") from None
     except SamplingStateError as e:
         raise UsageError(f"--out: {e}") from None
+    except SamplingInterrupted as e:
+        return interrupted(str(e))
+    except GridInterrupted as e:
+        return interrupted(f"interrupted at step {e.done} of {e.total} of the grid (a grid is written whole, "
+                           f"nothing was written); run the same command again to sample it")
     return 0
 
 
+class GridInterrupted(Exception):
+    def __init__(self, done: int, total: int):
+        super().__init__(f"{done}/{total}")
+        self.done, self.total = done, total
+
+
+def interrupted(message: str) -> int:
+    from vit5_sit.interrupt import EXIT_CODE
+
+    print(message, file=sys.stderr, flush=True)
+    return EXIT_CODE
+
+
 def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> None:
+    from tqdm.auto import tqdm
+
     from vit5_sit.classes import class_label
-    from vit5_sit.generate import sample_images, save_labelled_grid
+    from vit5_sit.generate import BAR_FORMAT, sample_images, save_labelled_grid, steps_per_batch
 
     labels = [c for c in classes for _ in range(args.per_class)]
     seeds = list(range(args.seed, args.seed + len(labels)))
-    images = sample_images(loaded.model, transport, sampler, labels, seeds, **common)
+    # The bar counts sampler steps (Heun's two evaluations a step count as one), over all batches.
+    evals = steps_per_batch(sampler)
+    steps = sampler.steps + (sampler.mode == "sde" and sampler.last_step != "none")
+    batches = -(-len(labels) // args.batch_size)
+    bar = tqdm(total=steps * batches if evals else None, unit="step", desc=f"sampling {len(labels)} images",
+               disable=args.no_progress, dynamic_ncols=True, bar_format=BAR_FORMAT if evals else None)
+    try:
+        images = sample_images(loaded.model, transport, sampler, labels, seeds,
+                               on_step=lambda: bar.update(steps / evals if evals else 1), **common)
+    except KeyboardInterrupt:
+        bar.close()
+        raise GridInterrupted(round(bar.n), bar.total or round(bar.n)) from None
+    bar.close()
     row_labels = [class_label(c, loaded.model.cfg.num_classes) for c in classes]
     save_labelled_grid(images, args.out, args.per_class, row_labels)
     if args.save_images is not None:

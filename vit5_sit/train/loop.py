@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit5_sit.config import ExperimentConfig, save_config
+from vit5_sit.interrupt import Interrupted, stop_requested
 from vit5_sit.models import DiT, create_model
 from vit5_sit.train.checkpoint import (
     latest_valid_checkpoint,
@@ -147,7 +148,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             f"train.global_batch_size={tc.global_batch_size} is not divisible by processes ({world}) x "
             f"train.grad_accum ({tc.grad_accum}); choose a multiple of {world * tc.grad_accum}")
     micro = tc.global_batch_size // (world * tc.grad_accum)
-    log(f"{world} process(es) ({accelerator.distributed_type.value}), per-process batch {micro} x "
+    log(f"{_describe_processes(accelerator)}, per-process batch {micro} x "
         f"{tc.grad_accum} accumulation = global batch {tc.global_batch_size}")
     sharded = _use_fsdp(cfg, accelerator, world, log)
     if torch.cuda.is_available():
@@ -226,7 +227,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     bar = tqdm(total=tc.max_steps, initial=step, disable=not accelerator.is_main_process, desc="train",
                dynamic_ncols=True)
     nonfinite_run, t_last, images_since = 0, time.perf_counter(), 0
-    if cfg.log.sample_every and step == 0:
+    if cfg.log.sample_every and cfg.log.sample_at_start and step == 0:
         _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
     while step < tc.max_steps:
         torch.manual_seed((tc.seed + 1) * 104_729 + step * 97 + rank)  # any other randomness: per step too
@@ -284,7 +285,9 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
                 accelerator.log(stats, step=step)
             if log_fn is not None:
                 log_fn(f"step {step} " + " ".join(f"{k}={v:.5g}" for k, v in stats.items()))
-        if step % tc.ckpt_every == 0 or step == tc.max_steps:
+        # Ctrl-C under vit5_sit.interrupt.deferred_sigint: save a checkpoint, then stop.
+        interrupted = stop_requested() and step < tc.max_steps
+        if step % tc.ckpt_every == 0 or step == tc.max_steps or interrupted:
             accelerator.wait_for_everyone()
             # Sharded: every process takes part in gathering the full tensors; the main one writes them.
             if sharded or accelerator.is_main_process:
@@ -297,6 +300,10 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
                          "samples_seen": step * tc.global_batch_size}
                 save_checkpoint(run_dir, step, model_sd, ema_sd, state, keep_last=tc.keep_last)
             accelerator.wait_for_everyone()
+        if interrupted:
+            bar.close()
+            raise Interrupted(f"interrupted at step {step} of {tc.max_steps}; checkpoint saved in "
+                              f"{run_dir / 'checkpoints'}; run the same command with --resume auto to continue")
         if cfg.log.sample_every and step % cfg.log.sample_every == 0:
             _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
     bar.close()
@@ -305,6 +312,15 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         log(f"{len(skipped)} unreadable image(s) skipped: " + ", ".join(str(s.path) for s in skipped[:10]))
     accelerator.end_training()
     return run_dir
+
+
+def _describe_processes(accelerator) -> str:
+    """'1 process (CPU)', '8 processes (MULTI_GPU, cuda)': accelerate's label 'NO' means no distribution."""
+    n = accelerator.num_processes
+    kind = accelerator.distributed_type.value
+    device = accelerator.device.type.upper() if accelerator.device.type == "cpu" else accelerator.device.type
+    where = device if kind == "NO" else f"{kind}, {device}"
+    return f"{n} process{'es' if n > 1 else ''} ({where})"
 
 
 def _use_fsdp(cfg: ExperimentConfig, accelerator, world: int, log) -> bool:

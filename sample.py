@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
+    except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
+        return interrupted("interrupted before any image was finished; run the same command again")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -349,11 +349,12 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
     evals = steps_per_batch(sampler)
     options = dict(cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels,
                    vae=vae, image_size=image_size, batch_size=batch_size, device=device)
-    for k in mine:
-        lo, hi = k * part_size, k * part_size + sizes[k]
-        batches = _read_partial(part_file[k], labels[lo:hi])  # finished batches of an interrupted run
-        start = lo + sum(len(b) for b in batches)
-        try:
+    k, batches = None, []
+    try:
+        for k in mine:
+            lo, hi = k * part_size, k * part_size + sizes[k]
+            batches = _read_partial(part_file[k], labels[lo:hi])  # finished batches of an interrupted run
+            start = lo + sum(len(b) for b in batches)
             for b0 in range(start, hi, batch_size):  # batch boundaries from lo: the same as uninterrupted
                 b1 = min(b0 + batch_size, hi)
                 batches.append(sample_images(model, transport, sampler, labels[b0:b1].tolist(),
@@ -361,16 +362,17 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
                                              on_step=step_progress(bar, b1 - b0, evals), **options))
                 if not evals:
                     bar.update(b1 - b0)
-        except KeyboardInterrupt:
-            bar.close()
-            if batches:
-                _write_part(_partial_file(part_file[k]), batches, labels, lo, seed)
-            done = _images_done(part_file, sizes)
-            raise SamplingInterrupted(
-                f"interrupted at image {done} of {num_samples} ({done} kept in {parts}); run the same command "
-                "again to continue") from None
-        _write_part(part_file[k], batches, labels, lo, seed)
-        _partial_file(part_file[k]).unlink(missing_ok=True)
+            _write_part(part_file[k], batches, labels, lo, seed)
+            batches = []
+            _partial_file(part_file[k]).unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        bar.close()
+        if batches and not part_file[k].is_file():
+            _write_part(_partial_file(part_file[k]), batches, labels, k * part_size, seed)
+        done = _images_done(part_file, sizes)
+        raise SamplingInterrupted(
+            f"interrupted at image {done} of {num_samples} ({done} kept in {parts}); run the same command "
+            "again to continue") from None
     bar.close()
     dist.barrier()
     if max_parts is not None and any(not f.is_file() for f in part_file):

@@ -158,18 +158,10 @@ def load_model(args) -> Loaded:
 
 def sampler_config(args, cfg):
     """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
-    from vit5_sit.transport import SamplerConfig
+    from vit5_sit.generate import sampler_with_flags
 
-    base = dataclasses.asdict(cfg.sampler if cfg is not None else SamplerConfig())
-    if args.sampler is not None and args.sampler != base["mode"]:
-        base["mode"] = args.sampler
-        base["method"] = "euler"  # the config's method belongs to the other mode
-    if args.method is not None:
-        base["method"] = args.method
-    if args.steps is not None:
-        base["steps"] = args.steps
     try:
-        return SamplerConfig(**base)
+        return sampler_with_flags(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps)
     except ValueError as e:
         raise UsageError(f"--sampler/--method/--steps: {e}") from None
 

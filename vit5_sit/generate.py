@@ -98,6 +98,20 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
     return np.concatenate(out)
 
 
+def sampler_with_flags(base: SamplerConfig | None, mode: str | None = None, method: str | None = None,
+                       steps: int | None = None) -> SamplerConfig:
+    """A run's sampler (None: the defaults) with the CLI's --sampler/--method/--steps applied; ValueError if
+    the combination is invalid. Another mode resets the method to euler (the config's belongs to its mode)."""
+    fields = dataclasses.asdict(base if base is not None else SamplerConfig())
+    if mode is not None and mode != fields["mode"]:
+        fields.update(mode=mode, method="euler")
+    if method is not None:
+        fields["method"] = method
+    if steps is not None:
+        fields["steps"] = steps
+    return SamplerConfig(**fields)
+
+
 def steps_per_batch(sampler: SamplerConfig) -> int | None:
     """Network evaluations of one batch (a guided call counts once); None for adaptive ODE solvers."""
     if sampler.mode == "ode":

@@ -1,11 +1,11 @@
 """Sample class-conditional images from a checkpoint: a labelled PNG grid, or a .npz of many for FID.
 
-    # the bundled demo model (MNIST digits): writes samples.png, a few seconds on a CPU
+    # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
     python sample.py
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder
-    python sample.py --ckpt runs/vit5-mnist --classes 0-9 --per-class 8 --out digits.png
-    python sample.py --ckpt runs/vit5-xl2/checkpoints/step_0400000 --cfg-scale 1.5 \\
+    python sample.py --ckpt runs/mnist-vit5 --classes 0-9 --per-class 8 --out digits.png
+    python sample.py --ckpt runs/vit5-xl2-in256/checkpoints/step_0400000 --cfg-scale 1.5 \\
         --classes "golden retriever,goldfish,207" --save-images out/
 
     # the official SiT-XL/2 file, with SiT's best sampler (SDE, 250 points = 249 steps), guided like SiT
@@ -13,14 +13,15 @@
         --sampler sde --steps 249 --guide-channels 3 --classes 207,360,387,974,88,979,417,279
 
     # 50,000 images for FID (ADM layout: arr_0 uint8 N x H x W x 3, arr_1 labels), on 8 GPUs; resumable
-    accelerate launch --num_processes 8 sample.py --ckpt runs/vit5-xl2 --num-samples 50000 \\
+    accelerate launch --num_processes 8 sample.py --ckpt runs/vit5-xl2-in256 --num-samples 50000 \\
         --cfg-scale 1.5 --sampler sde --steps 249 --out samples/vit5-xl2.npz
 
 --classes takes comma-separated class ids, id ranges (0-9) and, for 1000-class models, ImageNet class
 names, matched case-insensitively against any synonym in vit5_sit/assets/imagenet_classes.txt.
 Sample i has seed --seed + i, so an image does not depend on --batch-size or the number of processes.
-A .npz run writes fixed parts of --part-size images to OUT.parts/ as it goes; run the same command again
-after an interruption and it continues, giving the file an uninterrupted run would have.
+A .npz run writes fixed parts of --part-size images to OUT.parts/ as it goes (Ctrl-C keeps the finished
+batches of the part under way too); run the same command again after an interruption and it continues,
+giving the file an uninterrupted run would have. Ctrl-C exits with code 130.
 The sampler defaults come from the run's config (its `sampler` section), else ODE Euler with 50 steps.
 """
 

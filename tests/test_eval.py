@@ -360,3 +360,16 @@ def test_cli_ref_and_calc(inception, digits, tmp_path, capsys, monkeypatch):
     assert "| samples | images | IS | precision | recall | KID |" in out and "- is: n/a" in out
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["num_samples"] == 4 and 0 <= result["precision"] <= 1 and "is" in result["skipped"]
+
+
+def test_a_wrong_weights_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A pickle that is no state dict (torch's weights_only refusal is long and advises the unsafe way)."""
+    bad = tmp_path / "not-inception.pt"
+    torch.save({"model": torch.nn.Linear(2, 2)}, bad)  # needs code to unpickle: weights_only refuses it
+    monkeypatch.setenv("VIT5_SIT_INCEPTION_WEIGHTS", str(bad))
+    with pytest.raises(InceptionWeightsError) as info:
+        load_inception()
+    message = str(info.value)
+    assert "\n" not in message and "weights_only" not in message
+    assert message.startswith(f"{bad} (from $VIT5_SIT_INCEPTION_WEIGHTS) is not an Inception weights file")
+    assert "weights-inception-2015-12-05-6726825d.pth" in message and "default_1.pt" in message

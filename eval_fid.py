@@ -37,6 +37,8 @@ import json
 import sys
 from pathlib import Path
 
+from vit5_sit.checks import UsageError as CheckError
+from vit5_sit.checks import finite_float, output_file, output_folder, parse_device
 from vit5_sit.eval import (
     EvalError,
     InceptionWeightsError,
@@ -84,6 +86,7 @@ def _add_inception_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_inception(args):
+    args.device = parse_device(args.device)
     try:
         return load_inception(args.inception_weights, args.device)
     except InceptionWeightsError as e:
@@ -92,21 +95,29 @@ def _load_inception(args):
 
 
 def cmd_ref(args) -> int:
+    output_file(args.out, "--out")
     images = _flag("--data", open_reference, args.data)
     if images.images is None:
         raise UsageError(f"--data: {args.data} holds statistics, not images")
+    if images.images.num_images < 2:
+        raise UsageError(f"--data: {args.data} holds {images.images.num_images} image; reference statistics "
+                         "need at least 2 (FID is only meaningful with thousands)")
     metrics = _flag("--metrics", parse_metrics, args.metrics)
     inception = _load_inception(args)
     ref = compute_reference(images, args.out, inception, batch_size=args.batch_size,
                             num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics)
+    skipped = getattr(images.images, "skipped", [])
+    note = f" ({len(skipped)} unreadable image(s) skipped, listed above)" if skipped else ""
     kept = "features" if ref.features is not None else "mu and sigma (FID only)"
     size = Path(args.out).stat().st_size / 1e6
-    print(f"Wrote {args.out} ({size:.1f} MB): {kept} of {images.images.num_images} images, "
+    print(f"Wrote {args.out} ({size:.1f} MB): {kept} of {images.images.num_images - len(skipped)} images{note}, "
           f"Inception {inception.describe()}")
     return 0
 
 
 def cmd_calc(args) -> int:
+    if args.json is not None:
+        output_file(args.json, "--json")
     chosen = _flag("--metrics", parse_metrics, args.metrics)
     samples = _flag("--samples", open_images, args.samples)
     reference = _flag("--ref", open_reference, args.ref)
@@ -125,6 +136,8 @@ def cmd_compare(args) -> int:
     from vit5_sit.eval.compare import CompareSettings, compare_runs, run_sampler
 
     metrics = _flag("--metrics", parse_metrics, args.metrics)
+    output_folder(args.out, "--out")
+    args.device = parse_device(args.device)
     reference = _flag("--ref", open_reference, args.ref)  # a missing or bad reference fails before any sampling
     num_samples = args.num_samples or min(reference.num_images or COMPARE_MAX_SAMPLES, COMPARE_MAX_SAMPLES)
     sampler, source = run_sampler(args.runs, args.sampler, args.method, args.steps)
@@ -203,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ode: euler, heun, dopri5, ...; sde: euler, heun (default: the first run's config)")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="fixed-step methods: steps (default: the first run's config)")
-    p.add_argument("--cfg-scale", type=float, default=1.0,
+    p.add_argument("--cfg-scale", type=finite_float, default=1.0,
                    help="classifier-free guidance; 1 = none (default)")
-    p.add_argument("--guidance-interval", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+    p.add_argument("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
                    help="guide only for t in [LOW, HIGH] (default: 0 1)")
     p.add_argument("--metrics", default="fid,is,pr",
                    help="comma-separated: fid, is, pr (precision and recall), kid (JSON only) "
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
+    except (UsageError, CheckError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

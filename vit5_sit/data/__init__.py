@@ -14,12 +14,15 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from vit5_sit.utils import check_choice
+
 from .digits import MARKER as DIGITS_MARKER
 from .digits import export_mnist, export_sklearn_digits, load_mnist_arrays, load_sklearn_digits_arrays
 from .images import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
     SkippedFile,
+    UnreadableDataError,
     adm_center_crop,
     find_images,
     item_generator,
@@ -40,7 +43,8 @@ from .vae import (
 DatasetKind = Literal["images", "latents", "mnist", "digits"]
 DATASET_KINDS = ("images", "latents", "mnist", "digits")
 DIGITS_RESOLUTION = 32  # default pixel size of the exported digit datasets
-EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}
+DIGIT_CLASSES = 10      # classes of both exported digit datasets (0-9)
+EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}  # the kinds exported into `path` first
 
 
 def build_dataset(
@@ -55,6 +59,7 @@ def build_dataset(
     sample_posterior: bool = True,     # 'latents': False returns the posterior mean
 ) -> ImageFolderDataset | LatentDataset:
     """The dataset the training loop reads. 'mnist' and 'digits' export into ``path`` first (idempotent)."""
+    check_choice("build_dataset: kind", kind, DATASET_KINDS)
     if kind == "latents":
         ds = LatentDataset(path, random_flip=random_flip, seed=seed, sample_posterior=sample_posterior)
         if resolution is not None and resolution != ds.resolution:
@@ -66,12 +71,10 @@ def build_dataset(
             print(f"exporting the {kind} digits to {path} at {resolution}x{resolution} (first use only)", flush=True)
         EXPORTERS[kind](path, resolution=resolution, limit_per_class=limit_per_class)
         channels = 1 if channels is None else channels
-    elif kind == "images":
+    else:  # 'images'
         if resolution is None:
             raise ValueError("build_dataset('images', ...) needs a resolution")
         channels = 3 if channels is None else channels
-    else:
-        raise ValueError(f"unknown dataset kind {kind!r}; choose one of {DATASET_KINDS}")
     return ImageFolderDataset(path, resolution, random_flip=random_flip, channels=channels, seed=seed,
                               verify=verify)
 
@@ -79,11 +82,14 @@ def build_dataset(
 __all__ = [
     "DATASET_KINDS",
     "DEFAULT_VAE",
+    "DIGIT_CLASSES",
+    "EXPORTERS",
     "IMAGE_EXTENSIONS",
     "SD_VAE_SCALING_FACTOR",
     "ImageFolderDataset",
     "LatentDataset",
     "SkippedFile",
+    "UnreadableDataError",
     "VAELoadError",
     "adm_center_crop",
     "build_dataset",

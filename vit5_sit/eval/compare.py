@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+from vit5_sit.utils import atomic_write_file, atomic_write_text
+
 from .errors import EvalError
 from .evaluation import evaluate, parse_metrics
 from .inception import find_inception_weights, load_inception
@@ -60,7 +63,7 @@ class CompareSettings:
     def tag(self) -> str:
         """The cache folder name under RUN/eval/: every setting that changes the images."""
         parts = [f"n{self.num_samples}", f"seed{self.seed}", self.mode, self.method]
-        if self.method in ("euler", "heun"):
+        if self.method in FIXED_STEP_METHODS:
             parts.append(f"{self.steps}steps")
         parts.append(f"cfg{self.cfg_scale:g}")
         if tuple(self.guidance_interval) != (0.0, 1.0):
@@ -193,14 +196,11 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     import torch
 
     from vit5_sit import distributed as dist
-    from vit5_sit.checkpoint import load_for_sampling, model_identity
     from vit5_sit.config import load_config
-    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
-    from vit5_sit.transport import Transport
 
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
-    sampler = settings.sampler()
+    settings.sampler()  # a bad sampler setting fails here, before any work
     runs = [Path(r) for r in runs]
     if not runs:
         raise CompareError("no runs given")
@@ -213,31 +213,46 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
 
     rows = []
     for run, name, checkpoints in plan:
-        cache = run / "eval" / settings.tag()
         cfg = load_config(run / "config.yaml")
-        vae = cfg.data.vae if cfg.data.kind == "latents" else None
         for ckpt in checkpoints:
-            samples = cache / f"{ckpt.path.name}.npz"
-            options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
-                           guidance_interval=tuple(settings.guidance_interval), vae=vae,
-                           identity=model_identity(ckpt.path), part_size=settings.part_size,
-                           batch_size=settings.batch_size)
-            manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
-            if dist.is_main():
-                log(f"{name} step {ckpt.step}: {samples}")
-            if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
-                model, _ = load_for_sampling(ckpt.path, device=device)
-                sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress,
-                              device=device, **options)
-                del model
-            row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
-            if dist.is_main():
-                row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
-            rows.append(row)
+            rows.append(evaluate_checkpoint(run, name, cfg, ckpt, settings, evaluator, device=device,
+                                            progress=progress, log=log))
     if dist.is_main():
         write_outputs(rows, Path(out_dir), settings, evaluator.key)
     dist.barrier()
     return rows
+
+
+def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettings, evaluator: _Evaluator | None,
+                        *, device, progress: bool = True, log=print) -> dict:
+    """Sample one checkpoint (cached in RUN/eval/<settings>/) and, on the main process, its metrics (cached).
+
+    The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
+    """
+    from vit5_sit import distributed as dist
+    from vit5_sit.checkpoint import load_for_sampling, model_identity
+    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
+    from vit5_sit.transport import Transport
+
+    sampler = settings.sampler()
+    samples = run / "eval" / settings.tag() / f"{ckpt.path.name}.npz"
+    options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
+                   guidance_interval=tuple(settings.guidance_interval),
+                   vae=cfg.data.vae if cfg.data.kind == "latents" else None,
+                   identity=model_identity(ckpt.path), part_size=settings.part_size,
+                   batch_size=settings.batch_size)
+    manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
+    if dist.is_main():
+        log(f"{name} step {ckpt.step}: {samples}")
+    if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
+        model, _ = load_for_sampling(ckpt.path, device=device)
+        sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress, device=device,
+                      **options)
+        del model
+    row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
+    if dist.is_main():
+        row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
+    return row
 
 
 def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -> dict:
@@ -253,8 +268,6 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -
     result = evaluator(samples)
     keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "num_samples", "num_reference",
                                    "inception_weights", "skipped") if k in result}
-    from vit5_sit.utils import atomic_write_text
-
     atomic_write_text(path, json.dumps({"key": key, "result": keep}, indent=1))
     log("  " + ", ".join(f"{m} {keep[m]:.4g}" for m in TABLE_METRICS if m in keep))
     return keep
@@ -307,7 +320,7 @@ def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
     s = settings
     interval = tuple(s.guidance_interval)
     guided = f", guidance interval {list(interval)}" if interval != (0.0, 1.0) else ""
-    steps = f" {s.steps} steps" if s.method in ("euler", "heun") else ""
+    steps = f" {s.steps} steps" if s.method in FIXED_STEP_METHODS else ""
     ref = key["reference"]["path"] if isinstance(key["reference"], dict) else key["reference"]
     lines = [
         "# Runs compared checkpoint by checkpoint",
@@ -351,16 +364,12 @@ def plot_fid(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    with atomic_write_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, key: dict) -> None:
-    from vit5_sit.utils import atomic_write_text
-
     out_dir.mkdir(parents=True, exist_ok=True)
     table = format_table(rows, settings, key)
     atomic_write_text(out_dir / "compare.md", table)
@@ -369,7 +378,7 @@ def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, ke
                "inception": shown["inception"], "rows": rows}
     atomic_write_text(out_dir / "compare.json", json.dumps(payload, indent=1, default=_json_default) + "\n")
     title = (f"FID-{settings.num_samples}, {settings.mode}/{settings.method}"
-             + (f" {settings.steps} steps" if settings.method in ("euler", "heun") else "")
+             + (f" {settings.steps} steps" if settings.method in FIXED_STEP_METHODS else "")
              + f", cfg {settings.cfg_scale:g}")
     plot_fid(rows, out_dir / "fid_vs_step.png", title)
     print(table)

@@ -7,11 +7,12 @@ mu/sigma).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from vit5_sit.utils import atomic_write_file
 
 from . import metrics as M
 from .errors import EvalError
@@ -79,6 +80,7 @@ def evaluate(
     skipped: dict[str, str] = {}
 
     # Sample features.
+    source = None
     if isinstance(samples, Features):
         sample_desc, feats = "features", samples
     else:
@@ -148,6 +150,9 @@ def evaluate(
         attempt(("kid",), kernel_id)
 
     result["skipped"] = skipped
+    unreadable = [f for src in (source, ref.images) for f in getattr(src, "skipped", [])]
+    if unreadable:
+        result["unreadable_files"] = [f"{path} ({reason})" for path, reason in unreadable]
     return result
 
 
@@ -185,12 +190,9 @@ def compute_reference(
     keep_features = any(m in NEEDS_REFERENCE_FEATURES for m in parse_metrics(metrics))
     stored = {"features": features.astype(np.float32)} if keep_features else {"sigma": sigma.astype(np.float32)}
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_write_file(out_path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez adds no .npz
         np.savez(f, mu=mu, **stored, num_images=len(features), inception_weights=inception.describe(),
                  source=ref.description, format=REFERENCE_FORMAT)
-    os.replace(tmp, out_path)
     return Reference(str(out_path), mu, sigma, features=features if keep_features else None,
                      inception_weights=inception.describe())
 
@@ -226,4 +228,8 @@ def format_markdown(result: dict) -> str:
         f"Inception: {result['inception_weights'] or 'unknown'}.",
     ]
     lines += [f"- {name}: n/a: {reason}" for name, reason in result["skipped"].items()]
+    unreadable = result.get("unreadable_files", [])
+    if unreadable:
+        more = f", ... ({len(unreadable) - 10} more)" if len(unreadable) > 10 else ""
+        lines.append(f"- {len(unreadable)} unreadable image(s) skipped: {', '.join(unreadable[:10])}{more}")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 One model class, `DiT`, serves both families. With the vanilla settings it *is* the official SiT model
 (same modules, same state-dict keys, same initialisation, same outputs); the ViT-5 settings change only
-the components listed in DESIGN.md section 2, each by one `ModelConfig` field:
+the components listed in docs/DESIGN.md section 3, each by one `ModelConfig` field:
 
     field               vanilla SiT        ViT-5
     norm                'layernorm'        'rmsnorm'
@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vit5_sit.utils import check_choice
+
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBEDS = ("sincos", "learned", "none")
 MLPS = ("gelu", "swiglu")
@@ -77,6 +79,7 @@ class ModelConfig:
     num_registers: int = 0                  # learnable tokens appended after the patches, dropped at output
     register_rope_base: float | None = 100.0  # RoPE base of the registers (2D grid); None = not rotated
     layer_scale_init: float | None = None   # LayerScale init value on both branches; None = off
+    gate_init: float = 0.0                  # initial bias of the adaLN gates; 0 = adaLN-Zero (SiT, ViT-5)
     mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class ModelConfig:
             _check_float("register_rope_base", self.register_rope_base, positive=True)
         if self.layer_scale_init is not None:
             _check_float("layer_scale_init", self.layer_scale_init)
+        _check_float("gate_init", self.gate_init)
         if self.input_size % self.patch_size:
             raise ValueError(f"input_size={self.input_size} is not divisible by patch_size={self.patch_size}")
         if self.hidden_size % self.num_heads:
@@ -131,9 +135,7 @@ class ModelConfig:
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        valid = ", ".join(map(repr, choices))
-        raise ValueError(f"{name}={value!r}: not a valid choice; choose one of {valid}")
+    check_choice(name, value, choices)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -393,7 +395,7 @@ class DiTBlock(nn.Module):
 
     LayerScale (`layer_scale_init` not None): learnable per-channel λ on both branches, multiplying the
     adaLN-Zero gate. It scales each block's output like a static gate (ViT-5; CaiT). Both start at or near
-    zero, so a ViT-5 block learns its residual branches later than a vanilla one (DESIGN.md section 2).
+    zero, so a ViT-5 block learns its residual branches later than a vanilla one (docs/DESIGN.md section 4).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -520,10 +522,17 @@ class DiT(nn.Module):
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=INIT_STD)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=INIT_STD)
 
-        # adaLN-Zero: every block starts as the identity, the output as zero.
+        # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
+        # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
+        # branch then starts at lambda * gate_init rather than at a product of two zeros.
+        D = self.cfg.hidden_size
         for block in self.blocks:
             nn.init.zeros_(block.adaLN_modulation[-1].weight)
             nn.init.zeros_(block.adaLN_modulation[-1].bias)
+            if self.cfg.gate_init:
+                with torch.no_grad():
+                    block.adaLN_modulation[-1].bias[2 * D:3 * D] = self.cfg.gate_init
+                    block.adaLN_modulation[-1].bias[5 * D:6 * D] = self.cfg.gate_init
         nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
         nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
         nn.init.zeros_(self.final_layer.linear.weight)

@@ -1,11 +1,11 @@
 """Sample class-conditional images from a checkpoint: a labelled PNG grid, or a .npz of many for FID.
 
-    # the bundled demo model (MNIST digits): writes samples.png, a few seconds on a CPU
+    # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
     python sample.py
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder
-    python sample.py --ckpt runs/vit5-mnist --classes 0-9 --per-class 8 --out digits.png
-    python sample.py --ckpt runs/vit5-xl2/checkpoints/step_0400000 --cfg-scale 1.5 \\
+    python sample.py --ckpt runs/mnist-vit5 --classes 0-9 --per-class 8 --out digits.png
+    python sample.py --ckpt runs/vit5-xl2-in256/checkpoints/step_0400000 --cfg-scale 1.5 \\
         --classes "golden retriever,goldfish,207" --save-images out/
 
     # the official SiT-XL/2 file, with SiT's best sampler (SDE, 250 points = 249 steps), guided like SiT
@@ -13,14 +13,15 @@
         --sampler sde --steps 249 --guide-channels 3 --classes 207,360,387,974,88,979,417,279
 
     # 50,000 images for FID (ADM layout: arr_0 uint8 N x H x W x 3, arr_1 labels), on 8 GPUs; resumable
-    accelerate launch --num_processes 8 sample.py --ckpt runs/vit5-xl2 --num-samples 50000 \\
+    accelerate launch --num_processes 8 sample.py --ckpt runs/vit5-xl2-in256 --num-samples 50000 \\
         --cfg-scale 1.5 --sampler sde --steps 249 --out samples/vit5-xl2.npz
 
 --classes takes comma-separated class ids, id ranges (0-9) and, for 1000-class models, ImageNet class
 names, matched case-insensitively against any synonym in vit5_sit/assets/imagenet_classes.txt.
 Sample i has seed --seed + i, so an image does not depend on --batch-size or the number of processes.
-A .npz run writes fixed parts of --part-size images to OUT.parts/ as it goes; run the same command again
-after an interruption and it continues, giving the file an uninterrupted run would have.
+A .npz run writes fixed parts of --part-size images to OUT.parts/ as it goes (Ctrl-C keeps the finished
+batches of the part under way too); run the same command again after an interruption and it continues,
+giving the file an uninterrupted run would have. Ctrl-C exits with code 130.
 The sampler defaults come from the run's config (its `sampler` section), else ODE Euler with 50 steps.
 """
 
@@ -161,20 +162,20 @@ def load_model(args) -> Loaded:
 
 def sampler_config(args, cfg):
     """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
-    from vit5_sit.transport import SamplerConfig
+    from vit5_sit.generate import sampler_with_flags
 
-    base = dataclasses.asdict(cfg.sampler if cfg is not None else SamplerConfig())
-    if args.sampler is not None and args.sampler != base["mode"]:
-        base["mode"] = args.sampler
-        base["method"] = "euler"  # the config's method belongs to the other mode
-    if args.method is not None:
-        base["method"] = args.method
-    if args.steps is not None:
-        base["steps"] = args.steps
     try:
-        return SamplerConfig(**base)
+        return sampler_with_flags(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps)
     except ValueError as e:
         raise UsageError(f"--sampler/--method/--steps: {e}") from None
+
+
+def sampler_source(args, cfg) -> str:
+    """Where the sampler settings came from, for the line sample.py prints before sampling."""
+    flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps))
+             if v is not None]
+    base = "the model's config" if cfg is not None else "the default"
+    return f"{base} with {', '.join(flags)}" if flags else base
 
 
 def vae_for(args, loaded: Loaded):
@@ -253,7 +254,7 @@ def run(args) -> int:
 def _run(args, grid: bool) -> int:
     from vit5_sit import distributed as dist
     from vit5_sit.data.vae import VAELoadError
-    from vit5_sit.generate import SamplingStateError
+    from vit5_sit.generate import SamplingInterrupted, SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
@@ -277,6 +278,8 @@ def _run(args, grid: bool) -> int:
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
+    dist.print0(f"sampler {sampler.mode}/{sampler.method}{steps} ({sampler_source(args, loaded.cfg)}), "
+                f"cfg {args.cfg_scale:g}")
     start = time.perf_counter()
     try:
         if grid:
@@ -292,16 +295,48 @@ def _run(args, grid: bool) -> int:
         raise UsageError(f"--vae: {e}") from None
     except SamplingStateError as e:
         raise UsageError(f"--out: {e}") from None
+    except SamplingInterrupted as e:
+        return interrupted(str(e))
+    except GridInterrupted as e:
+        return interrupted(f"interrupted at step {e.done} of {e.total} of the grid (a grid is written whole, "
+                           f"nothing was written); run the same command again to sample it")
     return 0
 
 
+class GridInterrupted(Exception):
+    def __init__(self, done: int, total: int):
+        super().__init__(f"{done}/{total}")
+        self.done, self.total = done, total
+
+
+def interrupted(message: str) -> int:
+    from vit5_sit.interrupt import EXIT_CODE
+
+    print(message, file=sys.stderr, flush=True)
+    return EXIT_CODE
+
+
 def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> None:
+    from tqdm.auto import tqdm
+
     from vit5_sit.classes import class_label
-    from vit5_sit.generate import sample_images, save_labelled_grid
+    from vit5_sit.generate import BAR_FORMAT, sample_images, save_labelled_grid, steps_per_batch
 
     labels = [c for c in classes for _ in range(args.per_class)]
     seeds = list(range(args.seed, args.seed + len(labels)))
-    images = sample_images(loaded.model, transport, sampler, labels, seeds, **common)
+    # The bar counts sampler steps (Heun's two evaluations a step count as one), over all batches.
+    evals = steps_per_batch(sampler)
+    steps = sampler.steps + (sampler.mode == "sde" and sampler.last_step != "none")
+    batches = -(-len(labels) // args.batch_size)
+    bar = tqdm(total=steps * batches if evals else None, unit="step", desc=f"sampling {len(labels)} images",
+               disable=args.no_progress, dynamic_ncols=True, bar_format=BAR_FORMAT if evals else None)
+    try:
+        images = sample_images(loaded.model, transport, sampler, labels, seeds,
+                               on_step=lambda: bar.update(steps / evals if evals else 1), **common)
+    except KeyboardInterrupt:
+        bar.close()
+        raise GridInterrupted(round(bar.n), bar.total or round(bar.n)) from None
+    bar.close()
     row_labels = [class_label(c, loaded.model.cfg.num_classes) for c in classes]
     save_labelled_grid(images, args.out, args.per_class, row_labels)
     if args.save_images is not None:
@@ -332,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
+    except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
+        return interrupted("interrupted before any image was finished; run the same command again")
     except (UsageError, CheckError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ Overrides are dotted keys: model.rope=false train.lr=2e-4 name=my-ablation. Unkn
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from vit5_sit.config import ConfigError, load_config
@@ -40,14 +41,24 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    from vit5_sit.interrupt import EXIT_CODE, Interrupted, deferred_sigint
     from vit5_sit.train.checkpoint import CheckpointError
     from vit5_sit.train.loop import TrainingError, train
 
     try:
-        run_dir = train(cfg, resume=args.resume)
+        # One process: Ctrl-C stops after the current step and saves a checkpoint (see vit5_sit.interrupt).
+        with deferred_sigint(enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1):
+            run_dir = train(cfg, resume=args.resume)
     except (TrainingError, ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept; run the "
+              "same command with --resume auto to continue", file=sys.stderr)
+        return EXIT_CODE
     print(f"done: {run_dir}")
     return 0
 

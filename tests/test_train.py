@@ -77,7 +77,7 @@ def test_pixel_space_few_steps_with_a_corrupt_image(tmp_path, capsys, caplog):
     run = _train([*TINY, f"output_dir={tmp_path}", "name=px", "data.kind=images", f"data.path={data}",
                   "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
                   "train.max_steps=3", "log.sample_every=3", "log.sample_classes=[0,1]", "log.sample_per_class=2",
-                  "sampler.steps=2"])
+                  "sampler.steps=2", "log.sample_at_start=true"])
     assert [c.step for c in list_checkpoints(run)] == [2, 3]
     assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_0000000.png", "step_0000003.png"]
     assert (run / "config.yaml").is_file()
@@ -216,6 +216,7 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path, repa):
                          env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
     fsdp = ["train.fsdp=true", "train.grad_accum=2", "log.sample_every=2", "log.sample_classes=[0,1]",
+            "log.sample_at_start=true",
             "log.sample_per_class=1", "sampler.steps=2"]
     first = _launch_two(tmp_path, "fsdp", data, *common, *fsdp, "train.max_steps=2")
     assert "FSDP2: each transformer block, the model and the EMA sharded over 2 processes" in first.stdout

@@ -95,6 +95,7 @@ class LogConfig:
     sample_per_class: int = 4              # grid columns
     sample_seed: int = 0                   # first seed of the grid; seeds are fixed across the run
     sample_cfg_scale: float = 1.0          # classifier-free guidance scale of the grid
+    sample_at_start: bool = False          # also a grid at step 0 (pure noise: costs time, shows nothing)
 
     def __post_init__(self) -> None:
         check_choice("log.tracker", self.tracker, ("tensorboard", "wandb", "none"), error=ConfigError)

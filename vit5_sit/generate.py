@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vit5_sit.interrupt import Interrupted
 from vit5_sit.models import DiT
 from vit5_sit.transport import (
     ClassifierFreeGuidance,
@@ -33,6 +34,7 @@ from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
 FIXED_STEP_METHODS = ("euler", "heun")  # adaptive ODE solvers share step sizes within a batch
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}]"
 GRID_MIN_CELL = 64     # labelled grids enlarge smaller images (nearest neighbour) to at least this size
 
 
@@ -55,6 +57,7 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
                   batch_size: int = 64,
                   device: torch.device | str = "cpu",
                   on_batch: Callable[[int], None] | None = None,  # called with each batch's image count
+                  on_step: Callable[[], None] | None = None,  # called after each network evaluation
                   ) -> np.ndarray:
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3)."""
     if len(classes) != len(seeds):
@@ -67,6 +70,13 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
     if cfg_scale != 1.0:
         net = ClassifierFreeGuidance(model, cfg_scale, null_class=cfg.null_label, interval=guidance_interval,
                                      channels=guide_channels)
+    if on_step is not None:
+        guided = net
+
+        def net(x, t, y):
+            out = guided(x, t, y)
+            on_step()
+            return out
     if isinstance(vae, str | Path):
         from vit5_sit.data.vae import load_vae
 
@@ -86,6 +96,44 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
         if on_batch is not None:
             on_batch(len(batch_seeds))
     return np.concatenate(out)
+
+
+def sampler_with_flags(base: SamplerConfig | None, mode: str | None = None, method: str | None = None,
+                       steps: int | None = None) -> SamplerConfig:
+    """A run's sampler (None: the defaults) with the CLI's --sampler/--method/--steps applied; ValueError if
+    the combination is invalid. Another mode resets the method to euler (the config's belongs to its mode)."""
+    fields = dataclasses.asdict(base if base is not None else SamplerConfig())
+    if mode is not None and mode != fields["mode"]:
+        fields.update(mode=mode, method="euler")
+    if method is not None:
+        fields["method"] = method
+    if steps is not None:
+        fields["steps"] = steps
+    return SamplerConfig(**fields)
+
+
+def steps_per_batch(sampler: SamplerConfig) -> int | None:
+    """Network evaluations of one batch (a guided call counts once); None for adaptive ODE solvers."""
+    if sampler.mode == "ode":
+        return {"euler": sampler.steps, "heun": 2 * sampler.steps}.get(sampler.method)
+    last = 0 if sampler.last_step == "none" else 1
+    return (sampler.steps if sampler.method == "euler" else 2 * sampler.steps) + last
+
+
+def step_progress(bar, images: int, evals: int | None) -> Callable[[], None] | None:
+    """An `on_step` callback that moves a tqdm bar (unit: images) through one batch, evaluation by evaluation.
+
+    The bar lands exactly on the batch's end after ``evals`` calls; None when the count is unknown
+    (adaptive solvers), and the caller updates per batch instead.
+    """
+    start, calls = bar.n, [0]
+
+    def on_step() -> None:
+        calls[0] += 1
+        bar.n = start + images if calls[0] >= evals else start + images * calls[0] / evals
+        bar.refresh()
+
+    return on_step if evals else None
 
 
 def make_grid(images: np.ndarray, ncol: int, pad: int = 2) -> np.ndarray:
@@ -144,6 +192,10 @@ def save_labelled_grid(images: np.ndarray, path: str | Path, ncol: int, row_labe
 
 class SamplingStateError(RuntimeError):
     """Part files made with other settings, or unreadable ones; the message says what to do."""
+
+
+class SamplingInterrupted(Interrupted):
+    """Ctrl-C during mass sampling, after the finished batches were kept; ``str(e)`` says how to continue."""
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -231,7 +283,8 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
     Collective: under `accelerate launch` every process calls it and takes its share of the missing parts.
     Part k (samples ``[k * part_size, (k + 1) * part_size)``) is written atomically to
     ``out.parts/part_K.npz``; parts already there are skipped, so an interrupted run continues where it
-    stopped and gives the file an uninterrupted one would. The settings are recorded in
+    stopped and gives the file an uninterrupted one would. On Ctrl-C the finished batches of the part under
+    way are kept too (``part_K.partial.npz``) and SamplingInterrupted is raised. The settings are recorded in
     ``out.parts/manifest.json`` (and, once finished, ``out.json``); parts made with other settings are an
     error, not silently mixed in. Returns ``out`` once it is complete, None if ``max_parts`` stopped it early.
     """
@@ -281,19 +334,43 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
 
         vae = load_vae(str(vae), device=device)
     labels = sample_labels(num_samples, classes)
-    bar = tqdm(total=sum(min(part_size, num_samples - k * part_size) for k in mine), unit="img",
+    sizes = [min(part_size, num_samples - k * part_size) for k in range(num_parts)]
+    if dist.is_main():
+        done = _images_done(part_file, sizes)
+        if done:
+            dist.print0(f"{parts}: {done} of {num_samples} images already done; sampling the other "
+                        f"{num_samples - done}")
+    kept = sum(_kept_images(part_file[k]) for k in mine)  # finished batches of an interrupted run
+    bar = tqdm(total=sum(sizes[k] for k in mine), initial=kept, unit="img",
                desc=f"sampling (process 0 of {dist.world_size()})" if dist.world_size() > 1 else "sampling",
-               disable=not (progress and dist.is_main()), dynamic_ncols=True)
-    for k in mine:
-        lo, hi = k * part_size, min((k + 1) * part_size, num_samples)
-        seeds = list(range(seed + lo, seed + hi))
-        images = sample_images(model, transport, sampler, labels[lo:hi].tolist(), seeds, cfg_scale=cfg_scale,
-                               guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae,
-                               image_size=image_size, batch_size=batch_size, device=device,
-                               on_batch=bar.update)
-        buf = io.BytesIO()
-        np.savez(buf, images=images, labels=labels[lo:hi], seeds=np.asarray(seeds, dtype=np.int64))
-        atomic_write_bytes(part_file[k], buf.getvalue())
+               disable=not (progress and dist.is_main()), dynamic_ncols=True, bar_format=BAR_FORMAT)
+    evals = steps_per_batch(sampler)
+    options = dict(cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels,
+                   vae=vae, image_size=image_size, batch_size=batch_size, device=device)
+    k, batches = None, []
+    try:
+        for k in mine:
+            lo, hi = k * part_size, k * part_size + sizes[k]
+            batches = _read_partial(part_file[k], labels[lo:hi])  # finished batches of an interrupted run
+            start = lo + sum(len(b) for b in batches)
+            for b0 in range(start, hi, batch_size):  # batch boundaries from lo: the same as uninterrupted
+                b1 = min(b0 + batch_size, hi)
+                batches.append(sample_images(model, transport, sampler, labels[b0:b1].tolist(),
+                                             list(range(seed + b0, seed + b1)),
+                                             on_step=step_progress(bar, b1 - b0, evals), **options))
+                if not evals:
+                    bar.update(b1 - b0)
+            _write_part(part_file[k], batches, labels, lo, seed)
+            batches = []
+            _partial_file(part_file[k]).unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        bar.close()
+        if batches and not part_file[k].is_file():
+            _write_part(_partial_file(part_file[k]), batches, labels, k * part_size, seed)
+        done = _images_done(part_file, sizes)
+        raise SamplingInterrupted(
+            f"interrupted at image {done} of {num_samples} ({done} kept in {parts}); run the same command "
+            "again to continue") from None
     bar.close()
     dist.barrier()
     if max_parts is not None and any(not f.is_file() for f in part_file):
@@ -306,6 +383,51 @@ def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out:
             shutil.rmtree(parts, ignore_errors=True)
     dist.barrier()
     return out
+
+
+def _partial_file(part: Path) -> Path:
+    """The finished batches of an interrupted part: ``part_000003.npz`` -> ``part_000003.partial.npz``."""
+    return part.with_name(part.stem + ".partial.npz")
+
+
+def _write_part(path: Path, batches: list[np.ndarray], labels: np.ndarray, lo: int, seed: int) -> None:
+    """Images of samples lo, lo + 1, ... with their labels and seeds, written atomically."""
+    images = np.concatenate(batches)
+    hi = lo + len(images)
+    buf = io.BytesIO()
+    np.savez(buf, images=images, labels=labels[lo:hi], seeds=np.arange(seed + lo, seed + hi, dtype=np.int64))
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _read_partial(part: Path, part_labels: np.ndarray) -> list[np.ndarray]:
+    """The finished batches kept by an interrupted run ([] if none, or if they don't fit this part)."""
+    path = _partial_file(part)
+    if not path.is_file():
+        return []
+    try:
+        images, labels = _read_part(path)
+    except SamplingStateError:
+        return []  # an unreadable partial part is drawn again
+    if len(images) > len(part_labels) or not np.array_equal(labels, part_labels[:len(labels)]):
+        return []
+    return [images]
+
+
+def _images_done(part_files: list[Path], sizes: list[int]) -> int:
+    """Images on disk: finished parts plus the kept batches of interrupted ones."""
+    done = 0
+    for path, size in zip(part_files, sizes):
+        done += size if path.is_file() else _kept_images(path)
+    return done
+
+
+def _kept_images(part: Path) -> int:
+    """How many images the partial file of ``part`` holds (0 if none or unreadable)."""
+    try:
+        with np.load(_partial_file(part)) as data:
+            return len(data["labels"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return 0
 
 
 def _assemble(part_files: list[Path], out: Path, num_samples: int, labels: np.ndarray) -> None:

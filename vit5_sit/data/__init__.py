@@ -11,10 +11,12 @@ Importing this package does not import diffusers (only ``vae.load_vae`` and the 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
 from vit5_sit.utils import check_choice
 
+from .digits import MARKER as DIGITS_MARKER
 from .digits import export_mnist, export_sklearn_digits, load_mnist_arrays, load_sklearn_digits_arrays
 from .images import (
     IMAGE_EXTENSIONS,
@@ -65,6 +67,8 @@ def build_dataset(
         return ds
     if kind in EXPORTERS:
         resolution = DIGITS_RESOLUTION if resolution is None else resolution
+        if not (Path(path) / DIGITS_MARKER).is_file():  # the first use: say what the pause is
+            print(f"exporting the {kind} digits to {path} at {resolution}x{resolution} (first use only)", flush=True)
         EXPORTERS[kind](path, resolution=resolution, limit_per_class=limit_per_class)
         channels = 1 if channels is None else channels
     else:  # 'images'

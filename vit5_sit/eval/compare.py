@@ -25,7 +25,7 @@ from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
 from .evaluation import evaluate, parse_metrics
-from .inception import NO_LOGITS_REASON, find_inception_weights, load_inception
+from .inception import find_inception_weights, load_inception
 from .metrics import feature_statistics
 from .sources import Reference, compute_features, open_reference
 
@@ -123,6 +123,33 @@ class _Evaluator:
     def __call__(self, samples: Path) -> dict:
         return evaluate(samples, self.reference(), self.metrics, inception=self.inception(),
                         batch_size=self.batch_size, progress=self.progress)
+
+
+def run_sampler(runs, mode: str | None = None, method: str | None = None, steps: int | None = None):
+    """The sampler of a comparison: the first run's configured sampler (as sample.py uses for that run) with
+    the --sampler/--method/--steps flags applied. Returns (SamplerConfig, where it came from)."""
+    from vit5_sit.config import ConfigError, load_config
+    from vit5_sit.generate import sampler_with_flags
+
+    configs = []
+    for run in map(Path, runs):
+        if not run.is_dir():
+            raise CompareError(f"{run}: no such run folder")
+        if not (run / "config.yaml").is_file():
+            raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote")
+        try:
+            configs.append(load_config(run / "config.yaml").sampler)
+        except ConfigError as e:
+            raise CompareError(f"{run / 'config.yaml'}: {e}") from None
+    try:
+        sampler = sampler_with_flags(configs[0], mode, method, steps)
+    except ValueError as e:
+        raise CompareError(f"--sampler/--method/--steps: {e}") from None
+    flags = [f for f, v in (("--sampler", mode), ("--method", method), ("--steps", steps)) if v is not None]
+    source = f"{Path(runs[0]) / 'config.yaml'}" + (f" with {', '.join(flags)}" if flags else "")
+    if any(c != configs[0] for c in configs[1:]) and len(flags) < 3:
+        source += "; the runs configure different samplers, the first one's is used for all"
+    return sampler, source
 
 
 def _run_checkpoints(run: Path, log, every: int | None = None) -> list:
@@ -314,9 +341,6 @@ def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
     if notes:
         lines.append("")
         for metric, reason in notes.items():
-            if metric == "is" and reason == NO_LOGITS_REASON:
-                reason = ("the Inception weights in use have no classifier layer (logits), so Inception "
-                          "Score cannot be computed. " + NO_LOGITS_REASON)
             lines.append(f"- {labels.get(metric, metric)} n/a: {reason}")
     return "\n".join(lines) + "\n"
 
@@ -358,6 +382,7 @@ def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, ke
              + f", cfg {settings.cfg_scale:g}")
     plot_fid(rows, out_dir / "fid_vs_step.png", title)
     print(table)
+    print(f"wrote {out_dir / 'compare.md'}, {out_dir / 'compare.json'} and {out_dir / 'fid_vs_step.png'}")
 
 
 def _json_default(obj):

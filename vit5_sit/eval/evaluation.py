@@ -170,9 +170,13 @@ def compute_reference(
     batch_size: int = 64,
     num_workers: int = 0,
     progress: bool = True,
+    metrics: str | Iterable[str] = ("fid", "precision", "recall"),  # what the file must serve
 ) -> Reference:
-    """Compute the reference's Inception features once and store them with their statistics.
+    """Compute the reference's Inception features once and store what ``metrics`` need.
 
+    Precision, recall and KID need the features themselves: the file then holds the features (float32) and
+    mu, and sigma is recomputed from the features when the file is read (it would double the size). FID alone
+    needs only mu and sigma (sigma stored as float32: 16 MB). The Inception Score needs no reference.
     For an ADM reference batch the features (and so mu/sigma) are computed from its arr_0 images.
     The file is written to a temporary name and renamed into place, so an interrupted run leaves no partial
     file.
@@ -183,11 +187,14 @@ def compute_reference(
     inception = inception if inception is not None else load_inception(inception_weights, device)
     features = compute_features(ref.images, inception, batch_size, num_workers, progress, "reference").pool
     mu, sigma = M.feature_statistics(features)
+    keep_features = any(m in NEEDS_REFERENCE_FEATURES for m in parse_metrics(metrics))
+    stored = {"features": features.astype(np.float32)} if keep_features else {"sigma": sigma.astype(np.float32)}
     out_path = Path(out_path)
     with atomic_write_file(out_path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez adds no .npz
-        np.savez(f, mu=mu, sigma=sigma, features=features.astype(np.float32), num_images=len(features),
-                 inception_weights=inception.describe(), source=ref.description, format=REFERENCE_FORMAT)
-    return Reference(str(out_path), mu, sigma, features=features, inception_weights=inception.describe())
+        np.savez(f, mu=mu, **stored, num_images=len(features), inception_weights=inception.describe(),
+                 source=ref.description, format=REFERENCE_FORMAT)
+    return Reference(str(out_path), mu, sigma, features=features if keep_features else None,
+                     inception_weights=inception.describe())
 
 
 def _cell(text: str) -> str:

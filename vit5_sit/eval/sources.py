@@ -8,8 +8,8 @@ Images (`open_images`):
     files are skipped, warned about and listed in ``source.skipped``);
   - a uint8 array (N, H, W, 3).
 References (`open_reference`):
-  - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu`, `sigma`, and usually `features`
-    (needed for precision/recall and KID);
+  - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu` and `features` (needed for
+    precision/recall and KID; sigma is computed from them on reading), or `mu` and `sigma` (FID only);
   - ADM's reference batch (e.g. VIRTUAL_imagenet256_labeled.npz): `arr_0` images plus `mu`, `sigma`. FID uses
     its `mu`/`sigma`; precision/recall/KID compute features from `arr_0` (cache them once with `eval_fid.py
     ref`);
@@ -34,6 +34,7 @@ from vit5_sit.utils import IMAGE_EXTENSIONS
 
 from .errors import EvalError
 from .inception import POOL_DIM
+from .metrics import feature_statistics
 
 REFERENCE_FORMAT = "vit5_sit.eval.reference/1"  # written into our statistics files
 
@@ -252,10 +253,15 @@ def open_reference(source) -> Reference:
     if path.is_dir():
         return Reference(str(path), images=FolderImages(path))
     keys = _npz_keys(path)
-    if "mu" in keys and "sigma" in keys:
+    if "mu" in keys and ("sigma" in keys or "features" in keys):
         with np.load(path, allow_pickle=False) as data:
-            mu, sigma = data["mu"].astype(np.float64), data["sigma"].astype(np.float64)
             features = data["features"] if "features" in keys else None
+            if "sigma" in keys:
+                mu, sigma = data["mu"].astype(np.float64), data["sigma"].astype(np.float64)
+            else:  # our files with features leave sigma out (it is as large as 4,096 features)
+                if features.ndim != 2 or features.shape[1] != POOL_DIM or len(features) < 2:
+                    raise EvalError(f"{path}: features must have shape (N >= 2, {POOL_DIM}), got {features.shape}")
+                mu, sigma = feature_statistics(features)
             weights = str(data["inception_weights"]) if "inception_weights" in keys else None
         _check_statistics(path, mu, sigma, features)
         if "arr_0" in keys:  # ADM's reference batch: images and their statistics

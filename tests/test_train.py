@@ -187,7 +187,7 @@ def test_two_processes_match_one_process(tmp_path, repa):
                           str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data), "train.max_steps=4", *extra],
                          env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "2 process(es) (MULTI_CPU), per-process batch 2" in two.stdout, two.stdout[-2000:]
+    assert "2 processes (MULTI_CPU, CPU), per-process batch 2" in two.stdout, two.stdout[-2000:]
     assert [c.step for c in list_checkpoints(tmp_path / "two")] == [2, 4]
     a, b = _final(tmp_path / "one"), _final(tmp_path / "two")
     assert a.keys() == b.keys() and any(k.startswith("projector.") for k in a) == repa

@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = p.add_argument
     arg("--ckpt", metavar="PATH", default=None,
-        help="run folder (newest valid checkpoint), checkpoint folder, model folder, or official SiT .pt "
-             "file (default: the bundled demo model)")
+        help="run folder (newest valid checkpoint), checkpoint folder, model folder, official SiT .pt "
+             "file, or Hugging Face Hub repo id OWNER/NAME[@REVISION] (default: the bundled demo model)")
     arg("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
     arg("--out", default="samples.png", metavar="PNG_OR_NPZ",
         help="a .png grid (default: samples.png) or a .npz of --num-samples images")
@@ -107,7 +107,7 @@ class Loaded:
 
 
 def load_model(args) -> Loaded:
-    from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, load_for_sampling
+    from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
     from vit5_sit.models import PRESETS
 
@@ -117,9 +117,10 @@ def load_model(args) -> Loaded:
                              "hold config.yaml and ema.safetensors); pass --ckpt RUN_OR_CHECKPOINT")
         path = DEMO_MODEL
     else:
-        path = Path(args.ckpt)
-        if not path.exists():
-            raise UsageError(f"--ckpt: no such file or folder: {path}")
+        try:
+            path = local_model_path(args.ckpt)  # a Hub repo id: its folder in the Hugging Face cache
+        except ModelLoadError as e:
+            raise UsageError(f"--ckpt: {e}") from None
     official = path.is_file()
     if args.preset is not None and not official:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")
@@ -158,18 +159,10 @@ def load_model(args) -> Loaded:
 
 def sampler_config(args, cfg):
     """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
-    from vit5_sit.transport import SamplerConfig
+    from vit5_sit.generate import sampler_settings
 
-    base = dataclasses.asdict(cfg.sampler if cfg is not None else SamplerConfig())
-    if args.sampler is not None and args.sampler != base["mode"]:
-        base["mode"] = args.sampler
-        base["method"] = "euler"  # the config's method belongs to the other mode
-    if args.method is not None:
-        base["method"] = args.method
-    if args.steps is not None:
-        base["steps"] = args.steps
     try:
-        return SamplerConfig(**base)
+        return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps)
     except ValueError as e:
         raise UsageError(f"--sampler/--method/--steps: {e}") from None
 

@@ -91,14 +91,15 @@ def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str 
     from vit5_sit.data.vae import hub_offline_by_env, hub_reachable
 
     name = repo_id + (f"@{revision}" if revision else "")
-    prefix = f"{not_local}: no such file or folder here; as a Hub repo id: " if not_local else f"{name}: "
+    short = f"{name}: "
+    prefix = f"{not_local}: no such file or folder here; as a Hub repo id: " if not_local else short
     offline = hub_offline_by_env() or not hub_reachable()  # one quick probe instead of retries
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, token=token,
                                         allow_patterns=list(MODEL_FILES), local_files_only=offline,
                                         library_name=LIBRARY_NAME))
     except RevisionNotFoundError:
-        raise ModelLoadError(f"{prefix}the repo has no revision {revision!r} (a branch, tag or commit)") from None
+        raise ModelLoadError(f"{short}the repo has no revision {revision!r} (a branch, tag or commit)") from None
     except RepositoryNotFoundError:
         raise ModelLoadError(f"{prefix}no such model repo on the Hub (a private or gated repo needs a token: "
                              "`hf auth login` or HF_TOKEN)") from None
@@ -111,10 +112,10 @@ def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str 
             "it), or pass a local model folder") from None
     except (HfHubHTTPError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"{prefix}download failed: {first}") from None
+        raise ModelLoadError(f"{short}download failed: {first}") from None
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-        raise ModelLoadError(f"{prefix}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "
+        raise ModelLoadError(f"{short}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "
                              f"found: {', '.join(found) or 'none of our files'})")
     return folder
 

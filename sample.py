@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_IMAGENET_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]  # DiT's sample.py grid
-MAX_GRID_CLASSES = 16        # a grid shows every class of a model with at most this many
+from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
+
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
 PART_SIZE = 256              # vit5_sit.generate.PART_SIZE (not imported: --help stays fast)
@@ -178,18 +178,14 @@ def vae_for(args, loaded: Loaded):
 
 
 def classes_for(args, num_classes: int, grid: bool) -> list[int]:
-    from vit5_sit.classes import ClassSpecError, parse_classes
+    from vit5_sit.classes import ClassSpecError, grid_classes, parse_classes
 
     if args.classes is not None:
         try:
             return parse_classes(args.classes, num_classes)
         except ClassSpecError as e:
             raise UsageError(f"--classes: {e}") from None
-    if not grid or num_classes <= MAX_GRID_CLASSES:
-        return list(range(num_classes))
-    if num_classes == 1000:
-        return DEFAULT_IMAGENET_CLASSES
-    return list(range(len(DEFAULT_IMAGENET_CLASSES)))
+    return grid_classes(num_classes) if grid else list(range(num_classes))
 
 
 def check_flags(args) -> bool:

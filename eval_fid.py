@@ -12,6 +12,8 @@
     # Samples and metrics are cached under RUN/eval/, so a second call (or an interrupted one) redoes nothing.
     python eval_fid.py compare runs/vit5-mnist runs/sit-mnist --ref refs/mnist.npz --num-samples 1000 \
         --out results/mnist
+    # A model folder or a Hugging Face Hub repo id is a run of one checkpoint (cached under --out/eval/).
+    python eval_fid.py compare runs/mnist-vit5 me/vit5-mnist --ref refs/mnist.npz --num-samples 1000 --out results/
     accelerate launch --num_processes 8 eval_fid.py compare runs/vit5-b2 runs/sit-b2 --ref refs/in256.npz \
         --num-samples 10000 --sampler ode --method euler --steps 50 --out results/b2
 
@@ -161,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("compare", help="metrics of every checkpoint of some runs: table, JSON, plot",
                             allow_abbrev=False)
     p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="run folders (train.py's output: config.yaml and checkpoints/)")
+                   help="run folders (train.py's output: config.yaml and checkpoints/), model folders or "
+                        "Hugging Face Hub repo ids OWNER/NAME[@REVISION] (one checkpoint each)")
     p.add_argument("--ref", required=True, metavar="NPZ_OR_DIR",
                    help="statistics .npz from `ref` (fastest), ADM reference batch, or images")
     p.add_argument("--out", required=True, metavar="DIR",

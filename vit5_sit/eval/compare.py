@@ -122,13 +122,37 @@ class _Evaluator:
                         batch_size=self.batch_size, progress=self.progress)
 
 
+def _local_run(spec) -> tuple[Path, str | None]:
+    """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
+    the cache) as a model folder."""
+    from vit5_sit.checkpoint import ModelLoadError
+    from vit5_sit.hub import parse_repo_spec, resolve_model_path
+
+    if Path(spec).exists() or parse_repo_spec(str(spec)) is None:
+        return Path(spec), None
+    try:
+        return resolve_model_path(spec), str(spec)
+    except ModelLoadError as e:
+        raise CompareError(str(e)) from None
+
+
+def _is_model_folder(path: Path) -> bool:
+    """An exported model (config.yaml beside its weights, no checkpoints/): one checkpoint at its step."""
+    return (path / "config.yaml").is_file() and not (path / "checkpoints").is_dir() and any(
+        (path / name).is_file() for name in ("ema.safetensors", "model.safetensors"))
+
+
 def _run_checkpoints(run: Path, log, every: int | None = None) -> list:
-    from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+    from vit5_sit.config import load_config
+    from vit5_sit.train.checkpoint import Checkpoint, CheckpointError, list_checkpoints, verify_checkpoint
 
     if not run.is_dir():
         raise CompareError(f"{run}: no such run folder")
     if not (run / "config.yaml").is_file():
-        raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote")
+        raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote, "
+                           "a model folder or a Hub repo id")
+    if _is_model_folder(run):  # its config's train.max_steps is the step of these weights (see demo export)
+        return [Checkpoint(load_config(run / "config.yaml").train.max_steps, run)]
     found = []
     for ckpt in list_checkpoints(run):
         try:
@@ -157,7 +181,8 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                  every: int | None = None,        # only checkpoints at multiples of this step
                  ) -> list[dict]:
     """Evaluate every checkpoint of every run (or those at multiples of ``every``); write compare.md,
-    compare.json and fid_vs_step.png.
+    compare.json and fid_vs_step.png. A model folder or Hub repo id counts as a run of one checkpoint (at
+    its config's ``train.max_steps``), its samples cached under ``out_dir/eval/``.
 
     Collective under `accelerate launch`: the processes share the sampling; the main process evaluates
     and writes. Returns the rows (run, run_dir, step, metrics, skipped), also on the other processes
@@ -174,10 +199,11 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
     sampler = settings.sampler()
-    runs = [Path(r) for r in runs]
     if not runs:
         raise CompareError("no runs given")
-    names = _run_names(runs)
+    repo_of = dict(_local_run(r) for r in runs)  # local folder -> Hub repo id (None: a local path)
+    runs = list(repo_of)
+    names = {run: repo_of[run] or name for run, name in _run_names(runs).items()}
     plan = [(run, names[run], _run_checkpoints(run, log, every)) for run in runs]
     evaluator = None
     if dist.is_main():
@@ -186,7 +212,9 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
 
     rows = []
     for run, name, checkpoints in plan:
-        cache = run / "eval" / settings.tag()
+        # A model folder (a Hub snapshot: not ours to write into) keeps its cache under the output folder.
+        model = _is_model_folder(run)
+        cache = (Path(out_dir) / "eval" / name.replace("/", "--") if model else run / "eval") / settings.tag()
         cfg = load_config(run / "config.yaml")
         vae = cfg.data.vae if cfg.data.kind == "latents" else None
         for ckpt in checkpoints:
@@ -203,7 +231,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                 sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress,
                               device=device, **options)
                 del model
-            row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
+            row = {"run": name, "run_dir": repo_of[run] or str(run), "step": ckpt.step, "samples": str(samples)}
             if dist.is_main():
                 row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
             rows.append(row)

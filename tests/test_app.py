@@ -112,3 +112,18 @@ def test_library_imports_and_app_explains_without_gradio():
     assert proc.returncode == 2
     want = "error: the web demo needs Gradio: pip install 'vit5-sit[app]' (or pip install gradio)"
     assert proc.stderr.strip() == want
+
+
+def test_console_entry_points_import_and_answer_help():
+    """[project.scripts] in pyproject.toml: every target imports and its main() takes an argv list."""
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"vit5-sit-sample", "vit5-sit-train", "vit5-sit-eval", "vit5-sit-demo"}
+    for target in scripts.values():
+        module, _, func = target.partition(":")
+        main = getattr(importlib.import_module(module), func)
+        with pytest.raises(SystemExit) as exit_:
+            main(["--help"])
+        assert exit_.value.code == 0

@@ -152,3 +152,15 @@ def test_bundled_demo_loads_through_the_pipeline():
     p.set_progress_bar_config(disable=True)
     out = p(class_labels=[7], num_inference_steps=2, seed=0)
     assert out.images[0].size == (32, 32) and out.images[0].mode == "RGB"
+
+
+@pytest.mark.slow  # the demo model at the README's settings
+def test_readme_pipeline_example_runs(tmp_path, monkeypatch):
+    """The README's pipeline example, run as written (in a temporary folder)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Python: Vit5SitPipeline"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("\n```", 1)]
+    assert "Vit5SitPipeline.from_pretrained()" in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert Image.open(tmp_path / "three.png").size == (32, 32)

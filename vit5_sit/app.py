@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page")
     try:
         app.launch(server_name=args.host, server_port=args.port, share=False, inbrowser=False, show_error=True,
-                   ssr_mode=False, footer_links=[])
+                   ssr_mode=False)
     except OSError as e:  # the port is taken, the address is not this machine's
         print(f"error: --host {args.host} --port {args.port}: {e}", file=sys.stderr)
         return 2

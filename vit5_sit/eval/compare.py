@@ -191,14 +191,11 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     import torch
 
     from vit5_sit import distributed as dist
-    from vit5_sit.checkpoint import load_for_sampling, model_identity
     from vit5_sit.config import load_config
-    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
-    from vit5_sit.transport import Transport
 
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
-    sampler = settings.sampler()
+    settings.sampler()  # a bad sampler setting fails here, before any work
     if not runs:
         raise CompareError("no runs given")
     repo_of = dict(_local_run(r) for r in runs)  # local folder -> Hub repo id (None: a local path)
@@ -212,33 +209,51 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
 
     rows = []
     for run, name, checkpoints in plan:
-        # A model folder (a Hub snapshot: not ours to write into) keeps its cache under the output folder.
-        model = _is_model_folder(run)
-        cache = (Path(out_dir) / "eval" / name.replace("/", "--") if model else run / "eval") / settings.tag()
         cfg = load_config(run / "config.yaml")
-        vae = cfg.data.vae if cfg.data.kind == "latents" else None
+        # A model folder (a Hub snapshot: not ours to write into) keeps its cache under the output folder.
+        cache = Path(out_dir) / "eval" / name.replace("/", "--") if _is_model_folder(run) else None
         for ckpt in checkpoints:
-            samples = cache / f"{ckpt.path.name}.npz"
-            options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
-                           guidance_interval=tuple(settings.guidance_interval), vae=vae,
-                           identity=model_identity(ckpt.path), part_size=settings.part_size,
-                           batch_size=settings.batch_size)
-            manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
-            if dist.is_main():
-                log(f"{name} step {ckpt.step}: {samples}")
-            if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
-                model, _ = load_for_sampling(ckpt.path, device=device)
-                sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress,
-                              device=device, **options)
-                del model
-            row = {"run": name, "run_dir": repo_of[run] or str(run), "step": ckpt.step, "samples": str(samples)}
-            if dist.is_main():
-                row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
-            rows.append(row)
+            rows.append(evaluate_checkpoint(run, name, cfg, ckpt, settings, evaluator, device=device,
+                                            progress=progress, log=log, cache=cache, shown_as=repo_of[run]))
     if dist.is_main():
         write_outputs(rows, Path(out_dir), settings, evaluator.key)
     dist.barrier()
     return rows
+
+
+def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettings, evaluator: _Evaluator | None,
+                        *, device, progress: bool = True, log=print,
+                        cache: Path | None = None,     # where the samples are cached; None = RUN/eval
+                        shown_as: str | None = None,   # the row's run_dir (a Hub repo id); None = the folder
+                        ) -> dict:
+    """Sample one checkpoint (cached in RUN/eval/<settings>/) and, on the main process, its metrics (cached).
+
+    The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
+    """
+    from vit5_sit import distributed as dist
+    from vit5_sit.checkpoint import load_for_sampling, model_identity
+    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
+    from vit5_sit.transport import Transport
+
+    sampler = settings.sampler()
+    samples = (cache or run / "eval") / settings.tag() / f"{ckpt.path.name}.npz"
+    options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
+                   guidance_interval=tuple(settings.guidance_interval),
+                   vae=cfg.data.vae if cfg.data.kind == "latents" else None,
+                   identity=model_identity(ckpt.path), part_size=settings.part_size,
+                   batch_size=settings.batch_size)
+    manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
+    if dist.is_main():
+        log(f"{name} step {ckpt.step}: {samples}")
+    if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
+        model, _ = load_for_sampling(ckpt.path, device=device)
+        sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress, device=device,
+                      **options)
+        del model
+    row = {"run": name, "run_dir": shown_as or str(run), "step": ckpt.step, "samples": str(samples)}
+    if dist.is_main():
+        row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
+    return row
 
 
 def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -> dict:

@@ -77,6 +77,7 @@ class ModelConfig:
     num_registers: int = 0                  # learnable tokens appended after the patches, dropped at output
     register_rope_base: float | None = 100.0  # RoPE base of the registers (2D grid); None = not rotated
     layer_scale_init: float | None = None   # LayerScale init value on both branches; None = off
+    gate_init: float = 0.0                  # initial bias of the adaLN gates; 0 = adaLN-Zero (SiT, ViT-5)
     mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
 
     def __post_init__(self) -> None:
@@ -99,6 +100,7 @@ class ModelConfig:
             _check_float("register_rope_base", self.register_rope_base, positive=True)
         if self.layer_scale_init is not None:
             _check_float("layer_scale_init", self.layer_scale_init)
+        _check_float("gate_init", self.gate_init)
         if self.input_size % self.patch_size:
             raise ValueError(f"input_size={self.input_size} is not divisible by patch_size={self.patch_size}")
         if self.hidden_size % self.num_heads:
@@ -520,10 +522,17 @@ class DiT(nn.Module):
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=INIT_STD)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=INIT_STD)
 
-        # adaLN-Zero: every block starts as the identity, the output as zero.
+        # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
+        # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
+        # branch then starts at lambda * gate_init rather than at a product of two zeros.
+        D = self.cfg.hidden_size
         for block in self.blocks:
             nn.init.zeros_(block.adaLN_modulation[-1].weight)
             nn.init.zeros_(block.adaLN_modulation[-1].bias)
+            if self.cfg.gate_init:
+                with torch.no_grad():
+                    block.adaLN_modulation[-1].bias[2 * D:3 * D] = self.cfg.gate_init
+                    block.adaLN_modulation[-1].bias[5 * D:6 * D] = self.cfg.gate_init
         nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
         nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
         nn.init.zeros_(self.final_layer.linear.weight)

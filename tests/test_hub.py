@@ -107,7 +107,8 @@ def test_model_card_names_preset_parameters_steps_dataset_sampler(model_dir):
     cfg, model = _tiny()
     params = sum(v.numel() for v in model.state_dict().values())
     assert card.startswith("---\n") and "library_name: vit5-sit" in card
-    for text in ("# tiny-hub", "`ViT5-T/4` with ", "`hidden_size=64`", "`depth=1`", f"{params:,}", "RoPE on", "4 registers",
+    for text in ("# tiny-hub", "`ViT5-T/4` with ", "`hidden_size=64`", "`depth=1`", f"{params:,}", "RoPE on",
+                 "4 registers",
                  f"{cfg.train.max_steps:,} steps of batch {cfg.train.global_batch_size}", "MNIST",
                  "ode euler, 3 steps, guidance scale 2.5", "None measured"):
         assert text in card, text

@@ -196,6 +196,19 @@ def test_missing_repo_offline_fails_at_once_with_one_line(tmp_path):
     assert "HF_HUB_OFFLINE=1" in msg and "hf download me/not-cached" in msg and "local model folder" in msg
 
 
+def test_unreachable_hub_uses_the_cache_without_retries(hf_cache, tmp_path, monkeypatch):
+    """No HF_HUB_OFFLINE, but no network (the one probe fails): cached repos load, missing ones fail at once."""
+    import vit5_sit.data.vae
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(vit5_sit.data.vae, "hub_reachable", lambda: False)
+    assert hub.PretrainedModel.from_pretrained("me/tiny-vit5", cache_dir=hf_cache).config.name == "tiny-hub"
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match=r"^me/gone: offline \(https://huggingface.co unreachable\) and me/gone"):
+        hub.PretrainedModel.from_pretrained("me/gone", cache_dir=hf_cache)
+    assert time.perf_counter() - start < 2.0
+
+
 def test_not_a_model_repo_is_named(hf_cache, tmp_path):
     (hf_cache / "models--me--tiny-vit5" / "snapshots" / REVISION / "config.yaml").unlink()
     with pytest.raises(ModelLoadError, match=r"me/tiny-vit5: not a vit5-sit model repo \(needs config.yaml"):

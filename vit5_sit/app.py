@@ -29,6 +29,7 @@ MAX_PER_CLASS = 16
 MAX_STEPS = 250
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
 METHODS = ("euler", "heun", "dopri5")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends no usage reports
 
 
 class DemoError(ValueError):
@@ -118,7 +119,6 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
 
 def build_app(model: str = DEMO, out_dir: str | Path | None = None):
     """The Gradio page (not launched). ``model``: the model box's initial value."""
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports from a local demo
     import gradio as gr
 
     models = Models()

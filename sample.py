@@ -140,8 +140,8 @@ def load_model(args) -> Loaded:
     except (ModelLoadError, ConfigError, FileNotFoundError) as e:
         raise UsageError(f"--ckpt: {e}") from None
     except ValueError as e:  # an official file that does not fit the preset
-        fits = official and "does not fit" in str(e)
-        hint = " (--image-size sets the official model's input_size: image size / 8)" if fits else ""
+        size = official and "input_size=" in str(e)
+        hint = " (--image-size sets the official model's input_size: image size / 8)" if size else ""
         raise UsageError(f"--ckpt: {e}{hint}") from None
     latent = official or (cfg is not None and cfg.data.kind == "latents")
     factor = LATENT_DOWNSAMPLE if latent else 1
@@ -211,7 +211,8 @@ def run(args) -> int:
     from vit5_sit import distributed as dist
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.generate import SamplingStateError
-    from vit5_sit.transport import Transport, TransportConfig
+    from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
     grid = check_flags(args)
     loaded = load_model(args)
@@ -221,13 +222,17 @@ def run(args) -> int:
     sampler = sampler_config(args, loaded.cfg)
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
+    try:
+        check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
+    except GuidanceError as e:
+        raise UsageError(f"--cfg-scale: {e}") from None
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
         device=torch.device(args.device) if args.device else dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
     classes = classes_for(args, mcfg.num_classes, grid)
-    steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""
+    steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
     start = time.perf_counter()

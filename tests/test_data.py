@@ -208,7 +208,7 @@ def test_build_dataset(tmp_path):
     assert build_dataset("images", tmp_path / "mnist", resolution=8).sample_shape == (3, 8, 8)
     with pytest.raises(ValueError, match="needs a resolution"):
         build_dataset("images", tmp_path / "mnist")
-    with pytest.raises(ValueError, match="unknown dataset kind 'cifar'"):
+    with pytest.raises(ValueError, match="kind='cifar': must be one of 'images', 'latents', 'mnist', 'digits'"):
         build_dataset("cifar", tmp_path)
 
 

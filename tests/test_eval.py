@@ -205,6 +205,19 @@ def test_folder_images_are_rgb_and_batched_by_size(tmp_path):
     assert (batches[1][0] == 7).all() and (batches[1][1] == (1, 2, 3)).all()
 
 
+def test_folders_read_the_same_image_files_as_training(tmp_path):
+    # One extension list for training and evaluation: a .bmp the training data reads is evaluated too.
+    from vit5_sit.data import find_images
+
+    for i, name in enumerate(("x/a.bmp", "x/b.PNG", "x/notes.txt")):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        if name.endswith(".txt"):
+            (tmp_path / name).write_text("not an image")
+        else:
+            PIL.Image.new("RGB", (4, 4), (i, i, i)).save(tmp_path / name, format=name.rsplit(".", 1)[1].upper())
+    assert open_images(tmp_path).num_images == len(find_images(tmp_path)[1]) == 2
+
+
 def test_adm_reference_batch_uses_its_statistics_and_images(tmp_path):
     path = tmp_path / "VIRTUAL_tiny.npz"
     images = np.zeros((4, 8, 8, 3), dtype=np.uint8)

@@ -19,6 +19,7 @@ from vit5_sit.classes import ClassSpecError, class_label, imagenet_synonyms, par
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import save_checkpoint
+from vit5_sit.transport import ClassifierFreeGuidance, GuidanceError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -312,6 +313,22 @@ def test_parse_classes():
 # ----------------------------------------------------------------------------------------------------------
 # Input mistakes: exit code 2, one line naming the flag, no traceback.
 
+def test_guidance_needs_a_null_label(tmp_path, capsys):
+    # class_dropout_prob = 0 builds no null row: guidance would index past the label table.
+    cfg = load_config(None, [*TINY, "model.class_dropout_prob=0"])
+    model = create_model(cfg.model_config())
+    with pytest.raises(GuidanceError, match="cfg_scale=4 needs the null .*class_dropout_prob=0"):
+        ClassifierFreeGuidance(model, 4.0, null_class=cfg.model_config().num_classes)
+    assert ClassifierFreeGuidance(model, 1.0, null_class=10).scale == 1.0  # no guidance: nothing to refuse
+    folder = tmp_path / "no-null"
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "ema.safetensors"))
+    assert _run("--ckpt", folder, "--cfg-scale", 4, "--out", tmp_path / "g.png") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --cfg-scale: cfg_scale=4 needs") and "\n" not in err
+    assert not (tmp_path / "g.png").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ckpt", "{tmp}/nope"], "--ckpt: no such file or folder: {tmp}/nope"),
     (["--classes", "dog"], "--classes: class 'dog': names are known only for 1000-class ImageNet models"),
@@ -414,6 +431,30 @@ def test_official_file_with_imagenet_names(latent_model_dir, tmp_path, capsys):
     assert "--ckpt:" in err and "input_size" in err and "--image-size sets" in err
     assert _run("--ckpt", official, "--image-size", 36, "--out", tmp_path / "g.png") == 2
     assert "multiple of 8" in capsys.readouterr().err
+
+
+def test_official_file_mismatch_names_the_preset_that_fits(tmp_path, capsys):
+    """A file that does not fit the preset: the presets that fit it, never a field sample.py cannot set;
+    the --image-size hint only where the input size differs."""
+    def refused(state, name):
+        torch.save(state, tmp_path / name)
+        assert _run("--ckpt", tmp_path / name, "--preset", "SiT-T/2", "--image-size", 32,
+                    "--out", tmp_path / "g.png") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --ckpt: ") and "\n" not in err and "pass " not in err
+        return err
+
+    patch4 = create_model("SiT-T/4", input_size=4).state_dict()
+    err = refused(patch4, "patch4.pt")
+    assert "this file has patch_size=4 (SiT-T/2 has 2)" in err and "presets that fit it: SiT-T/4" in err
+    assert "--image-size sets" not in err
+    no_sigma = create_model("SiT-T/2", input_size=4, learn_sigma=False).state_dict()
+    err = refused(no_sigma, "no_sigma.pt")
+    assert "this file has learn_sigma=False (SiT-T/2 has True)" in err and "no preset fits it" in err
+    missing = create_model("SiT-T/2", input_size=4).state_dict()
+    del missing["final_layer.adaLN_modulation.1.bias"]
+    err = refused(missing, "missing.pt")
+    assert "1 missing keys: final_layer.adaLN_modulation.1.bias" in err and "--image-size sets" not in err
 
 
 def test_adaptive_solver_resume_needs_the_same_batches(model_dir, tmp_path, monkeypatch, capsys):

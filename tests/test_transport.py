@@ -370,3 +370,14 @@ def test_bad_transport_options_name_the_value():
         TransportConfig(loss_weight="likelihood")
     with pytest.raises(ValueError, match="'logitnormal'"):
         TransportConfig(time_dist="logitnormal")
+
+
+def test_vp_sigma_is_accurate_near_the_data_end_in_float32():
+    # sigma_t = sqrt(1 - alpha_t^2) cancels catastrophically where alpha_t ~ 1 (2.5e-2 relative error at
+    # t = 1 - 1e-5 in float32); sqrt(-expm1(2 log alpha_t)) keeps float32 accuracy there.
+    tr = Transport(TransportConfig(path="vp"))
+    t = torch.tensor([1 - 1e-5, 1 - 1e-4, 1 - 1e-3, 0.5, 0.0], dtype=torch.float32)
+    _, _, sigma32, d_sigma32 = tr.coefficients(t)
+    _, _, sigma64, d_sigma64 = tr.coefficients(t.double())  # the same float32 times, in float64
+    torch.testing.assert_close(sigma32.double(), sigma64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(d_sigma32.double(), d_sigma64, rtol=1e-5, atol=0)

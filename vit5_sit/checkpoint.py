@@ -15,12 +15,11 @@ from pathlib import Path
 import torch
 
 from vit5_sit.config import ExperimentConfig, load_config
-from vit5_sit.models import DiT, create_model, load_official_state_dict, model_config
+from vit5_sit.models import PRESETS, DiT, create_model, load_official_state_dict, model_config
+from vit5_sit.models.official import StateDictMismatch
 from vit5_sit.train.checkpoint import (
-    Checkpoint,
     CheckpointError,
     latest_valid_checkpoint,
-    list_checkpoints,
     verify_checkpoint,
 )
 
@@ -83,7 +82,11 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
             raise ModelLoadError(f"{path}: expected an official SiT .pt file, or one of our folders")
         name = preset or "SiT-XL/2"
         model = create_model(model_config(name, **(overrides or {})))
-        load_official_state_dict(model, path)
+        try:
+            load_official_state_dict(model, path)
+        except StateDictMismatch as e:
+            raise StateDictMismatch(_official_mismatch(path, name, e), e.file_fields, e.differing,
+                                    e.details) from None
         return model.to(device).eval(), None
     folder, config_path = resolve_checkpoint(path)
     if not config_path.is_file():
@@ -102,9 +105,22 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     return model.to(device).eval(), cfg
 
 
-def run_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
-    """The checkpoints of a run, oldest first, for evaluating a whole run."""
-    return list_checkpoints(run_dir)
+# Fields of an official file that a preset fixes; the others (input size, classes) are per-use overrides.
+_NOT_PRESET = ("input_size", "num_classes")
+
+
+def _official_mismatch(path: Path, preset: str, e: StateDictMismatch) -> str:
+    """Why an official file does not fit `preset`, for sampling: the presets that fit it, by name."""
+    parts = [f"this file has {k}={v!r} ({preset} has {m!r})" for k, (v, m) in e.differing.items()]
+    if any(k not in _NOT_PRESET for k in e.differing):
+        wanted = {k: v for k, v in e.file_fields.items() if k not in _NOT_PRESET}
+        fits = [n for n, c in PRESETS.items() if all(getattr(c, k) == v for k, v in wanted.items())]
+        parts.append(f"presets that fit it: {', '.join(fits)}" if fits else
+                     "no preset fits it (load it in Python: create_model(preset, field=value, ...) and "
+                     "load_official_state_dict)")
+    if not e.differing:
+        parts = e.details  # the shapes agree on every field we can read: list the keys
+    return f"{path}: does not fit preset {preset}: " + "; ".join(parts)
 
 
 def model_identity(path: str | Path | None = None, preset: str | None = None) -> dict:

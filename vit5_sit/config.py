@@ -18,8 +18,10 @@ from typing import Any
 
 import yaml
 
+from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
-from vit5_sit.transport import SamplerConfig, TransportConfig
+from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
+from vit5_sit.utils import check_choice
 
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
@@ -39,8 +41,9 @@ class ModelSection:
 
 @dataclass
 class DataConfig:
-    kind: str = "mnist"                     # 'images' (class folders), 'latents' (encoded cache) or 'mnist'
-    path: str = "data/mnist32"              # image root, latent-cache folder, or where MNIST is exported
+    kind: str = "mnist"                     # 'images' (class folders), 'latents' (encoded cache), 'mnist' or
+                                            # 'digits' (sklearn's 8x8 digits, upscaled)
+    path: str = "data/mnist32"              # image root, latent-cache folder, or where the digits are exported
     resolution: int = 32                    # pixels; the model's input is resolution/8 for latents
     channels: int = 1                       # image channels for pixel-space training
     random_flip: bool = True                # horizontal flips (latents: the stored flipped copy)
@@ -48,9 +51,9 @@ class DataConfig:
     vae: str = "stabilityai/sd-vae-ft-ema"  # hub name or local folder; used to decode latent samples
 
     def __post_init__(self) -> None:
-        _choice("data.kind", self.kind, ("images", "latents", "mnist"))
+        check_choice("data.kind", self.kind, DATASET_KINDS, error=ConfigError)
         _positive("data.resolution", self.resolution)
-        _choice("data.channels", self.channels, (1, 3))
+        check_choice("data.channels", self.channels, (1, 3), error=ConfigError)
 
 
 @dataclass
@@ -77,7 +80,7 @@ class TrainConfig:
     max_nonfinite: int = 5                 # consecutive non-finite losses that stop the run
 
     def __post_init__(self) -> None:
-        _choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
+        check_choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"), error=ConfigError)
         for name in ("global_batch_size", "grad_accum", "max_steps", "ckpt_every", "max_nonfinite"):
             _positive(f"train.{name}", getattr(self, name))
         if not 0.0 <= self.ema_decay < 1.0:
@@ -98,7 +101,7 @@ class LogConfig:
     sample_cfg_scale: float = 1.0          # classifier-free guidance scale of the grid
 
     def __post_init__(self) -> None:
-        _choice("log.tracker", self.tracker, ("tensorboard", "wandb", "none"))
+        check_choice("log.tracker", self.tracker, ("tensorboard", "wandb", "none"), error=ConfigError)
 
 
 @dataclass
@@ -123,8 +126,8 @@ class ExperimentConfig:
             "input_size": self.data.resolution // LATENT_DOWNSAMPLE if latent else self.data.resolution,
             "in_channels": LATENT_CHANNELS if latent else self.data.channels,
         }
-        if self.data.kind == "mnist":
-            derived["num_classes"] = 10
+        if self.data.kind in EXPORTERS:
+            derived["num_classes"] = DIGIT_CLASSES
         return model_config(self.model.preset, **{**derived, **self.model.overrides})
 
 
@@ -243,9 +246,13 @@ def _build_model(raw: dict[str, Any], prefix: str) -> ModelSection:
 
 def _check_model(cfg: ExperimentConfig) -> None:
     try:
-        cfg.model_config()
+        mcfg = cfg.model_config()
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model ({cfg.model.preset} with {cfg.model.overrides}): {e}") from None
+    try:
+        check_guidance(cfg.log.sample_cfg_scale, mcfg.class_dropout_prob)
+    except GuidanceError as e:
+        raise ConfigError(f"log.sample_cfg_scale: {e}") from None
 
 
 def _unknown(key: str, valid: list[str], prefix: str) -> str:
@@ -311,13 +318,6 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if isinstance(hint, type) and not isinstance(value, hint):
         raise ConfigError(f"{key}={value!r}: expected {hint.__name__}")
     return value
-
-
-def _choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(repr, choices))}.{hint}")
 
 
 def _positive(key: str, value: int) -> None:

@@ -115,22 +115,6 @@ def make_grid(images: np.ndarray, ncol: int, pad: int = 2) -> np.ndarray:
     return grid
 
 
-def save_grid(images: np.ndarray, path: str | Path, ncol: int, scale: int = 1) -> Path:
-    """Write a PNG grid atomically; ``scale`` enlarges small images (nearest neighbour)."""
-    import io
-
-    from PIL import Image
-
-    grid = make_grid(images, ncol)
-    img = Image.fromarray(grid)
-    if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
-
-
 def save_labelled_grid(images: np.ndarray, path: str | Path, ncol: int, row_labels: Sequence[str],
                        scale: int | None = None) -> Path:
     """A PNG grid with a label left of each row (PIL's default font), written atomically.

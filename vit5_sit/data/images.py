@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vit5_sit.utils import IMAGE_EXTENSIONS
+
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 CHANNEL_MODES = {1: "L", 3: "RGB"}  # channels -> PIL mode the image is converted to
 
 

@@ -35,6 +35,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, stale_temp_files
+
 from .images import ImageFolderDataset, item_generator
 from .vae import DEFAULT_VAE, encode_moments, latent_scaling, load_vae, sample_latents
 
@@ -87,8 +89,7 @@ def encode_dataset(
 ) -> dict | None:
     """Encode ``image_root`` into ``out_dir``; resumable. Returns meta.json's content once all shards
     exist, or None if other parts still have shards to write."""
-    if save_dtype not in SAVE_DTYPES:
-        raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
+    check_choice("save_dtype", save_dtype, sorted(SAVE_DTYPES))
     if batch_size <= 0 or shard_size <= 0:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}")
     if not 0 <= part < num_parts:
@@ -143,12 +144,11 @@ def encode_dataset(
     bar = tqdm(total=sum(len(ranges[k]) for k in todo), desc=f"encoding {image_root}", unit="img",
                disable=not progress)
     for k in todo:
-        for stale in out.glob(f"{paths[k].name}.tmp-*"):  # left by an interrupted run of this part
+        for stale in stale_temp_files(paths[k]):  # left by a killed run of this part
             stale.unlink()
-        tmp = paths[k].with_name(f"{paths[k].name}.tmp-{os.getpid()}")
-        _encode_shard(images, vae, ranges[k], tmp, batch_size, num_workers, scale, shift,
-                      SAVE_DTYPES[save_dtype], latent_shape, fingerprint(k), bar)
-        os.replace(tmp, paths[k])
+        with atomic_write_file(paths[k]) as tmp:
+            _encode_shard(images, vae, ranges[k], tmp, batch_size, num_workers, scale, shift,
+                          SAVE_DTYPES[save_dtype], latent_shape, fingerprint(k), bar)
     bar.close()
 
     missing = [p.name for p in paths if not p.exists()]
@@ -229,9 +229,7 @@ def _write_meta(out: Path, settings: dict, images: ImageFolderDataset, infos: li
         channel_std=channel_std.tolist(),
         shards=[dict(file=SHARD_PATTERN.format(k), count=info["count"]) for k, info in enumerate(infos)],
     )
-    tmp = out / f"{META_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / META_FILE)
+    atomic_write_text(out / META_FILE, json.dumps(meta, indent=1) + "\n")
     return meta
 
 

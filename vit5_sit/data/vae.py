@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import warnings
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 
+from vit5_sit.utils import host_reachable
+
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SD_VAE_SCALING_FACTOR = 0.18215  # the SD VAEs' config.scaling_factor; used only if a config has none
-HUB_PROBE_TIMEOUT_S = 3.0  # one TCP connect to the hub decides "offline", instead of ~20 s of retries
 TRUE_STRINGS = ("1", "true", "yes", "on")
 
 
@@ -39,13 +38,7 @@ def hub_offline_by_env() -> bool:
 @functools.lru_cache(maxsize=1)
 def hub_reachable() -> bool:
     """Whether one TCP connection to the hub endpoint (HF_ENDPOINT or huggingface.co) succeeds."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
-    except OSError:
-        return False
-    return True
+    return host_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
 
 
 def _looks_like_path(name: str) -> bool:

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+from vit5_sit.utils import atomic_write_file, atomic_write_text
+
 from .errors import EvalError
 from .evaluation import evaluate, parse_metrics
 from .inception import NO_LOGITS_REASON, find_inception_weights, load_inception
@@ -60,7 +63,7 @@ class CompareSettings:
     def tag(self) -> str:
         """The cache folder name under RUN/eval/: every setting that changes the images."""
         parts = [f"n{self.num_samples}", f"seed{self.seed}", self.mode, self.method]
-        if self.method in ("euler", "heun"):
+        if self.method in FIXED_STEP_METHODS:
             parts.append(f"{self.steps}steps")
         parts.append(f"cfg{self.cfg_scale:g}")
         if tuple(self.guidance_interval) != (0.0, 1.0):
@@ -269,8 +272,6 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -
     result = evaluator(samples)
     keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "num_samples", "num_reference",
                                    "inception_weights", "skipped") if k in result}
-    from vit5_sit.utils import atomic_write_text
-
     atomic_write_text(path, json.dumps({"key": key, "result": keep}, indent=1))
     log("  " + ", ".join(f"{m} {keep[m]:.4g}" for m in TABLE_METRICS if m in keep))
     return keep
@@ -323,7 +324,7 @@ def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
     s = settings
     interval = tuple(s.guidance_interval)
     guided = f", guidance interval {list(interval)}" if interval != (0.0, 1.0) else ""
-    steps = f" {s.steps} steps" if s.method in ("euler", "heun") else ""
+    steps = f" {s.steps} steps" if s.method in FIXED_STEP_METHODS else ""
     ref = key["reference"]["path"] if isinstance(key["reference"], dict) else key["reference"]
     lines = [
         "# Runs compared checkpoint by checkpoint",
@@ -370,16 +371,12 @@ def plot_fid(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    with atomic_write_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, key: dict) -> None:
-    from vit5_sit.utils import atomic_write_text
-
     out_dir.mkdir(parents=True, exist_ok=True)
     table = format_table(rows, settings, key)
     atomic_write_text(out_dir / "compare.md", table)
@@ -388,7 +385,7 @@ def write_outputs(rows: list[dict], out_dir: Path, settings: CompareSettings, ke
                "inception": shown["inception"], "rows": rows}
     atomic_write_text(out_dir / "compare.json", json.dumps(payload, indent=1, default=_json_default) + "\n")
     title = (f"FID-{settings.num_samples}, {settings.mode}/{settings.method}"
-             + (f" {settings.steps} steps" if settings.method in ("euler", "heun") else "")
+             + (f" {settings.steps} steps" if settings.method in FIXED_STEP_METHODS else "")
              + f", cfg {settings.cfg_scale:g}")
     plot_fid(rows, out_dir / "fid_vs_step.png", title)
     print(table)

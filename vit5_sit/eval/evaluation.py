@@ -7,11 +7,12 @@ mu/sigma).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from vit5_sit.utils import atomic_write_file
 
 from . import metrics as M
 from .errors import EvalError
@@ -179,12 +180,9 @@ def compute_reference(
     features = compute_features(ref.images, inception, batch_size, num_workers, progress, "reference").pool
     mu, sigma = M.feature_statistics(features)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_write_file(out_path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez adds no .npz
         np.savez(f, mu=mu, sigma=sigma, features=features.astype(np.float32), num_images=len(features),
                  inception_weights=inception.describe(), source=ref.description, format=REFERENCE_FORMAT)
-    os.replace(tmp, out_path)
     return Reference(str(out_path), mu, sigma, features=features, inception_weights=inception.describe())
 
 

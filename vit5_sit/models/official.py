@@ -20,6 +20,15 @@ _HEADS = {s["hidden_size"]: s["num_heads"] for s in SIZES.values()}  # num_heads
 _MAX_LISTED = 8
 
 
+class StateDictMismatch(ValueError):
+    """A state dict that does not fit the model. `file_fields`: the config fields its shapes determine;
+    `differing`: those the model has otherwise, {name: (file value, model value)}."""
+
+    def __init__(self, message: str, file_fields: dict, differing: dict, details: list[str]):
+        super().__init__(message)
+        self.file_fields, self.differing, self.details = file_fields, differing, details
+
+
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The weights in an official SiT file: a raw (EMA) state dict, or a training checkpoint with `model` /
     `ema` entries (`ema` preferred). Read with weights_only=True; `.safetensors` files are read too."""
@@ -112,12 +121,14 @@ def load_official_state_dict(model: DiT, path: str | os.PathLike) -> DiT:
     if missing or unexpected or shapes:
         cfg = model.cfg
         fields = file_config_fields(state, cfg.class_dropout_prob > 0)
-        hints = [f"this file has {k}={v!r}; pass {k}={v!r} (the model has {getattr(cfg, k)!r})"
-                 for k, v in fields.items() if getattr(cfg, k) != v]
+        differing = {k: (v, getattr(cfg, k)) for k, v in fields.items() if getattr(cfg, k) != v}
+        hints = [f"this file has {k}={v!r}; pass {k}={v!r} (the model has {m!r})" for k, (v, m) in differing.items()]
         details = [f"{len(missing)} missing keys: {_listed(missing)}" if missing else "",
                    f"{len(unexpected)} unexpected keys: {_listed(unexpected)}" if unexpected else "",
                    f"{len(shapes)} shape mismatches: {_listed(shapes)}" if shapes else ""]
-        raise ValueError(f"{path}: does not fit the model. " + "; ".join(hints + [d for d in details if d]))
+        details = [d for d in details if d]
+        raise StateDictMismatch(f"{path}: does not fit the model. " + "; ".join(hints + details), fields,
+                                differing, details)
     model.load_state_dict(state, strict=True)
     return model
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.utils import atomic_write_file, atomic_write_text
+
 from .spec import StudySpec
 
 METRIC_LABELS = {"fid": "FID", "precision": "precision", "recall": "recall", "is": "IS", "kid": "KID"}
@@ -141,11 +143,9 @@ def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    with atomic_write_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: int = 8) -> list[Path]:
@@ -172,8 +172,6 @@ def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: 
 
 def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None = None) -> Path:
     """study.md, study.json, fid_vs_step.png and the grids in the results folder; returns study.md's path."""
-    from vit5_sit.utils import atomic_write_text
-
     out = Path(out_dir or spec.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_arm_grids(spec, rows, out)

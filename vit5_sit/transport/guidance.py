@@ -5,6 +5,19 @@ from __future__ import annotations
 import torch
 
 
+class GuidanceError(ValueError):
+    """Guidance asked of a model that has no unconditional (null) label."""
+
+
+def check_guidance(scale: float, class_dropout_prob: float | None) -> None:
+    """Guidance (scale != 1) needs the null label, which a model has only if it was built with label dropout
+    (class_dropout_prob > 0 adds the null row). None: not known (not one of our models), not checked."""
+    if float(scale) != 1.0 and class_dropout_prob == 0:
+        raise GuidanceError(
+            f"cfg_scale={float(scale):g} needs the null (unconditional) label, but the model was built with "
+            "class_dropout_prob=0 and has none; use cfg_scale=1 (no guidance) or train with class_dropout_prob > 0")
+
+
 class ClassifierFreeGuidance:
     """out = uncond + scale * (cond - uncond), conditional and unconditional in one batched forward.
 
@@ -23,6 +36,7 @@ class ClassifierFreeGuidance:
         interval=(0.0, 1.0),        # (low, high) in t: guide where low <= t <= high
         channels: int | None = None,  # None = all channels; n = only the first n (official SiT: 3)
     ):
+        check_guidance(scale, getattr(getattr(model, "cfg", None), "class_dropout_prob", None))
         low, high = interval
         if channels is not None and channels < 1:
             raise ValueError(f"ClassifierFreeGuidance: channels={channels!r} must be None (all) or >= 1")

@@ -5,14 +5,21 @@ Along the ODE dx/dt = v(x, t), d/dt log p_t(x_t) = -div v(x_t, t). Integrating f
 The end points are the sampler's (Transport.interval): on VP, and for score / noise models, they stop
 short of 0 and 1, which biases the result slightly (on VP p_0 is not exactly N(0, I): ~0.01 bits/dim on
 2-D unit-scale Gaussians).
+
+The Hutchinson divergence is an unbiased estimate with one random probe per solve; `probes=K` integrates
+K probes along the same trajectory (K backward passes per evaluation) and reports their mean and its
+standard error.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torchdiffeq import odeint
+
+from vit5_sit.utils import check_choice
 
 from .samplers import ODE_ADAPTIVE
 from .transport import Transport
@@ -22,20 +29,36 @@ DIVERGENCES = ("auto", "exact", "hutchinson")
 EXACT_DIV_MAX_DIM = 64  # 'auto' uses the exact divergence up to this many dims per sample (1 backward each)
 
 
-def _divergence(v: torch.Tensor, x: torch.Tensor, probe: torch.Tensor | None) -> torch.Tensor:
-    """div v per sample (B,): exact (one backward pass per dim) if probe is None, else Hutchinson's
-    unbiased estimate probe . (dv/dx probe)."""
-    if probe is not None:
-        (jvp,) = torch.autograd.grad(v, x, probe)
-        return (jvp * probe).flatten(1).sum(1)
+@dataclass
+class NLLEstimate:
+    bpd: torch.Tensor     # (B,) bits/dim: the mean over the probes
+    stderr: torch.Tensor  # (B,) standard error of bpd over the probes; 0 if exact, NaN for one probe
+    probes: int           # Hutchinson probes per sample (0 = the exact divergence)
+
+
+def _divergence(v: torch.Tensor, x: torch.Tensor, probes: torch.Tensor | None) -> torch.Tensor:
+    """div v (K, B): exact (one backward pass per dim, K = 1) if probes is None, else Hutchinson's unbiased
+    estimate probe . (dv/dx probe) for each of the K probes (K, B, ...)."""
+    if probes is not None:
+        divs = []
+        for k, probe in enumerate(probes):
+            (vjp,) = torch.autograd.grad(v, x, probe, retain_graph=k < len(probes) - 1)
+            divs.append((vjp * probe).flatten(1).sum(1))
+        return torch.stack(divs)
     v_flat, div = v.flatten(1), torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     for i in range(v_flat.shape[1]):
         (g,) = torch.autograd.grad(v_flat[:, i].sum(), x, retain_graph=True)
         div = div + g.flatten(1)[:, i]
-    return div
+    return div[None]
 
 
-def nll_bits_per_dim(
+def nll_bits_per_dim(model_fn, x: torch.Tensor, y: torch.Tensor | None, transport: Transport,
+                     **options) -> torch.Tensor:
+    """Bits per dimension (B,) of the data x: `nll_estimate(...).bpd` (the same options)."""
+    return nll_estimate(model_fn, x, y, transport, **options).bpd
+
+
+def nll_estimate(
     model_fn,
     x: torch.Tensor,
     y: torch.Tensor | None,
@@ -46,10 +69,12 @@ def nll_bits_per_dim(
     atol: float = 1e-5,  # adaptive methods only
     rtol: float = 1e-5,  # adaptive methods only
     divergence: str = "auto",  # 'exact' | 'hutchinson' | 'auto' (exact up to EXACT_DIV_MAX_DIM dims)
-    rng=None,  # StackedRandomGenerator for the Hutchinson probe; None = global torch RNG
+    probes: int = 1,  # Hutchinson probes per sample, integrated along one trajectory (K backward passes)
+    rng=None,  # StackedRandomGenerator for the Hutchinson probes; None = global torch RNG
     bin_width: float | None = None,  # None = bits/dim of the continuous density of x, in x's units
-) -> torch.Tensor:
-    """Bits per dimension (B,) of the data x, in the units the model was trained on (x1 of the path).
+) -> NLLEstimate:
+    """Bits per dimension (B,) of the data x, in the units the model was trained on (x1 of the path),
+    with the standard error of the Hutchinson estimate over `probes` probes.
 
     The value is -log2 p(x) / D for the model's density over x as given: data scaled to [-1, 1] and
     the same data in [0, 255] differ by log2(127.5) bits/dim. For quantised data pass `bin_width`, the
@@ -57,21 +82,22 @@ def nll_bits_per_dim(
     caller adds the uniform dequantisation noise to x): the result is then -log2(p(x) * bin_width) / D,
     i.e. bits/dim - log2(bin_width) (+7 for 8-bit [-1, 1] data), the usual discrete bits/dim.
     """
-    if method not in ODE_ADAPTIVE + NLL_FIXED:
-        raise ValueError(
-            f"nll_bits_per_dim: method={method!r} is not valid; choose one of "
-            f"{', '.join(map(repr, ODE_ADAPTIVE + NLL_FIXED))}"
-        )
-    if divergence not in DIVERGENCES:
-        raise ValueError(f"nll_bits_per_dim: divergence={divergence!r}; choose one of {DIVERGENCES}")
+    check_choice("nll_bits_per_dim: method", method, ODE_ADAPTIVE + NLL_FIXED)
+    check_choice("nll_bits_per_dim: divergence", divergence, DIVERGENCES)
+    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
+        raise ValueError(f"nll_bits_per_dim: probes={probes!r} must be a positive integer")
+    if divergence == "exact" and probes > 1:
+        raise ValueError(f"nll_bits_per_dim: probes={probes} needs divergence='hutchinson' (or 'auto' above "
+                         f"{EXACT_DIV_MAX_DIM} dims); the exact divergence has no probes")
     dim = x[0].numel()
     exact = divergence == "exact" or (divergence == "auto" and dim <= EXACT_DIV_MAX_DIM)
     if exact:
         probe = None
-    elif rng is not None:
-        probe = rng.rademacher_like(x)  # one probe for the whole solve
+    elif rng is not None:  # each fixed for the whole solve; probe k of sample i from sample i's generator
+        probe = torch.stack([rng.rademacher_like(x) for _ in range(probes)])
     else:
-        probe = torch.where(torch.rand_like(x) < 0.5, -1.0, 1.0).to(x.dtype)
+        probe = torch.where(torch.rand(probes, *x.shape, device=x.device) < 0.5, -1.0, 1.0).to(x.dtype)
+    k = 1 if exact else probes
     t0, t1 = transport.interval()
 
     def f(t, state):
@@ -84,9 +110,9 @@ def nll_bits_per_dim(
             div = _divergence(v, x_t, probe)
         return v.detach(), div.detach()
 
-    # Integrate from the data end back to noise; the second state accumulates int_t1^t div v dt.
+    # Integrate from the data end back to noise; the second state accumulates int_t1^t div v dt (K, B).
     t_span = torch.tensor([t1, t0], dtype=x.dtype, device=x.device)
-    state0 = (x, torch.zeros(x.shape[0], dtype=x.dtype, device=x.device))
+    state0 = (x, torch.zeros(k, x.shape[0], dtype=x.dtype, device=x.device))
     if method in ODE_ADAPTIVE:
         # step_t: end a step exactly at t0 instead of stepping past it and interpolating back.
         options = {"step_t": t_span[1:]}
@@ -95,6 +121,12 @@ def nll_bits_per_dim(
         xs, integral = odeint(f, state0, t_span, method=method, options={"step_size": (t1 - t0) / steps})
     z, integral = xs[-1], integral[-1]
     log_prior = -0.5 * dim * math.log(2 * math.pi) - 0.5 * (z**2).flatten(1).sum(1)
-    log_p = log_prior + integral  # integral = int_t1^t0 div v dt = -int_t0^t1 div v dt
-    bpd = -log_p / (dim * math.log(2))
-    return bpd if bin_width is None else bpd - math.log2(bin_width)
+    log_p = log_prior + integral  # (K, B); integral = int_t1^t0 div v dt = -int_t0^t1 div v dt
+    bpd = -log_p / (dim * math.log(2)) - (0.0 if bin_width is None else math.log2(bin_width))
+    if exact:
+        stderr = torch.zeros_like(bpd[0])
+    elif k == 1:
+        stderr = torch.full_like(bpd[0], math.nan)  # one probe: no spread to estimate it from
+    else:
+        stderr = bpd.std(0) / math.sqrt(k)
+    return NLLEstimate(bpd.mean(0), stderr, 0 if exact else k)

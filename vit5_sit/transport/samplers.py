@@ -16,12 +16,15 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
-from .transport import Transport, _check_choice, _expand
+from vit5_sit.utils import check_choice
+
+from .transport import Transport, _expand
 
 MODES = ("ode", "sde")
-ODE_FIXED = ("euler", "heun")  # our own fixed-step solvers
+FIXED_STEP_METHODS = ("euler", "heun")  # our own fixed-step solvers, `steps` steps (SDE: 'euler' = Euler-Maruyama)
+ODE_FIXED = FIXED_STEP_METHODS
 ODE_ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")  # through torchdiffeq
-SDE_METHODS = ("euler", "heun")  # 'euler' is Euler-Maruyama
+SDE_METHODS = FIXED_STEP_METHODS
 DIFFUSION_FORMS = ("constant", "sbdm", "sigma", "linear", "decreasing", "increasing-decreasing")
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 
@@ -40,22 +43,18 @@ class SamplerConfig:
     last_step_size: float = 0.04  # sde: length of that last step (in t)
 
     def __post_init__(self):
-        _check_choice("SamplerConfig", "mode", self.mode, MODES)
+        check_choice("SamplerConfig.mode", self.mode, MODES)
         methods = ODE_FIXED + ODE_ADAPTIVE if self.mode == "ode" else SDE_METHODS
-        if self.method not in methods:
-            raise ValueError(
-                f"SamplerConfig.method={self.method!r} is not valid for mode={self.mode!r}; "
-                f"choose one of {', '.join(map(repr, methods))}"
-            )
+        check_choice(f"SamplerConfig(mode={self.mode!r}).method", self.method, methods)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"SamplerConfig.steps={self.steps!r} must be a positive integer")
         for name in ("atol", "rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SamplerConfig.{name}={getattr(self, name)!r} must be > 0")
-        _check_choice("SamplerConfig", "diffusion_form", self.diffusion_form, DIFFUSION_FORMS)
+        check_choice("SamplerConfig.diffusion_form", self.diffusion_form, DIFFUSION_FORMS)
         if not self.diffusion_norm >= 0:
             raise ValueError(f"SamplerConfig.diffusion_norm={self.diffusion_norm!r} must be >= 0")
-        _check_choice("SamplerConfig", "last_step", self.last_step, LAST_STEPS)
+        check_choice("SamplerConfig.last_step", self.last_step, LAST_STEPS)
         if self.last_step != "none" and not 0 < self.last_step_size < 1:
             raise ValueError(f"SamplerConfig.last_step_size={self.last_step_size!r} must be in (0, 1)")
 

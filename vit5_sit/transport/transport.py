@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-PATHS = ("linear", "gvp", "vp")
+from vit5_sit.utils import check_choice
+
 PREDICTIONS = ("velocity", "score", "noise")
 LOSS_WEIGHTS = ("none", "velocity", "likelihood")
 TIME_DISTS = ("uniform", "logit_normal")
@@ -26,12 +27,6 @@ TIME_DISTS = ("uniform", "logit_normal")
 VP_SIGMA_MIN = 0.1  # beta(t) at the data end of SiT's VP path
 VP_SIGMA_MAX = 20.0  # beta(t) at the noise end
 SBDM_MIN_T = 1e-3  # smallest t the SDE starts at with diffusion_form='sbdm' (its w(t) ~ 1/t at t = 0)
-
-
-def _check_choice(owner: str, name: str, value, choices) -> None:
-    if value not in choices:
-        valid = ", ".join(map(repr, choices))
-        raise ValueError(f"{owner}.{name}={value!r} is not valid; choose one of {valid}")
 
 
 @dataclass
@@ -46,10 +41,10 @@ class TransportConfig:
     sample_eps: float | None = None  # same at sampling; None = SiT's rule
 
     def __post_init__(self):
-        _check_choice("TransportConfig", "path", self.path, PATHS)
-        _check_choice("TransportConfig", "prediction", self.prediction, PREDICTIONS)
-        _check_choice("TransportConfig", "loss_weight", self.loss_weight, LOSS_WEIGHTS)
-        _check_choice("TransportConfig", "time_dist", self.time_dist, TIME_DISTS)
+        check_choice("TransportConfig.path", self.path, INTERPOLANT_PATHS)
+        check_choice("TransportConfig.prediction", self.prediction, PREDICTIONS)
+        check_choice("TransportConfig.loss_weight", self.loss_weight, LOSS_WEIGHTS)
+        check_choice("TransportConfig.time_dist", self.time_dist, TIME_DISTS)
         if self.prediction == "velocity" and self.loss_weight != "none":
             raise ValueError(
                 f"TransportConfig.loss_weight={self.loss_weight!r} has no effect with prediction='velocity' "
@@ -63,38 +58,94 @@ class TransportConfig:
                 raise ValueError(f"TransportConfig.{name}={eps!r} must be in [0, 0.5), or None (SiT's rule)")
 
 
-# Paths: each returns (alpha, d_alpha, sigma, d_sigma) and the stable ratio alpha' / alpha.
-def _linear(t):
-    return t, torch.ones_like(t), 1 - t, -torch.ones_like(t)
+class InterpolantPath:
+    """One path x_t = alpha_t x1 + sigma_t x0: its coefficients, alpha'/alpha, and its end-point rules.
+
+    A path is unstable at an end where the conversions divide by zero (alpha_t = 0 at t = 0, sigma_t = 0
+    at t = 1): training and sampling times stop eps short of such an end (SiT's `check_interval`).
+    """
+
+    name: str
+    alpha_zero_at_noise: bool = True  # alpha_0 = 0 exactly, so alpha'/alpha is infinite at t = 0
+
+    def coefficients(self, t: torch.Tensor):
+        """(alpha_t, alpha'_t, sigma_t, sigma'_t), each shaped like t."""
+        raise NotImplementedError
+
+    def dlog_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        """alpha'_t / alpha_t, computed stably."""
+        raise NotImplementedError
+
+    def unstable_ends(self, prediction: str) -> tuple[bool, bool]:
+        """(noise end t = 0, data end t = 1): which ends the times must stop eps short of."""
+        # Linear and GVP: velocity is stable everywhere; score / noise need 1/alpha_t and 1/sigma_t.
+        unstable = prediction != "velocity"
+        return unstable, unstable
+
+    def default_eps(self, prediction: str) -> tuple[float, float]:
+        """SiT's (train_eps, sample_eps) when the config leaves them None."""
+        return (1e-3, 1e-3) if prediction != "velocity" else (0.0, 0.0)
 
 
-def _gvp(t):
-    half_pi = math.pi / 2
-    return (torch.sin(half_pi * t), half_pi * torch.cos(half_pi * t),
-            torch.cos(half_pi * t), -half_pi * torch.sin(half_pi * t))
+class LinearPath(InterpolantPath):
+    """alpha_t = t, sigma_t = 1 - t (SiT's ICPlan)."""
+
+    name = "linear"
+
+    def coefficients(self, t):
+        return t, torch.ones_like(t), 1 - t, -torch.ones_like(t)
+
+    def dlog_alpha(self, t):
+        return 1 / t  # infinite at t = 0
 
 
-def _vp_log_alpha(t):
-    return -0.25 * (1 - t) ** 2 * (VP_SIGMA_MAX - VP_SIGMA_MIN) - 0.5 * (1 - t) * VP_SIGMA_MIN
+class GVPPath(InterpolantPath):
+    """alpha_t = sin(pi t / 2), sigma_t = cos(pi t / 2): alpha^2 + sigma^2 = 1 (SiT's GVPCPlan)."""
+
+    name = "gvp"
+
+    def coefficients(self, t):
+        half_pi = math.pi / 2
+        return (torch.sin(half_pi * t), half_pi * torch.cos(half_pi * t),
+                torch.cos(half_pi * t), -half_pi * torch.sin(half_pi * t))
+
+    def dlog_alpha(self, t):
+        return (math.pi / 2) / torch.tan(math.pi / 2 * t)  # infinite at t = 0
 
 
-def _vp_dlog_alpha(t):
-    return 0.5 * (1 - t) * (VP_SIGMA_MAX - VP_SIGMA_MIN) + 0.5 * VP_SIGMA_MIN
+class VPPath(InterpolantPath):
+    """The score-SDE VP path with linear beta from VP_SIGMA_MIN (data end) to VP_SIGMA_MAX (SiT's VPCPlan).
+
+    alpha_t = exp(log_alpha_t) never reaches 0, so t = 0 is safe; sigma_1 = 0, so every prediction stops
+    short of t = 1.
+    """
+
+    name = "vp"
+    alpha_zero_at_noise = False
+
+    def log_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return -0.25 * (1 - t) ** 2 * (VP_SIGMA_MAX - VP_SIGMA_MIN) - 0.5 * (1 - t) * VP_SIGMA_MIN
+
+    def coefficients(self, t):
+        log_alpha = self.log_alpha(t)
+        alpha = torch.exp(log_alpha)
+        # Variance preserving, sigma^2 = 1 - alpha^2, written with expm1: accurate where alpha ~ 1 (t ~ 1).
+        sigma = torch.sqrt(-torch.expm1(2 * log_alpha))
+        d_alpha = alpha * self.dlog_alpha(t)
+        return alpha, d_alpha, sigma, -alpha * d_alpha / sigma
+
+    def dlog_alpha(self, t):
+        return 0.5 * (1 - t) * (VP_SIGMA_MAX - VP_SIGMA_MIN) + 0.5 * VP_SIGMA_MIN
+
+    def unstable_ends(self, prediction):
+        return False, True
+
+    def default_eps(self, prediction):
+        return 1e-5, 1e-3
 
 
-def _vp(t):
-    alpha = torch.exp(_vp_log_alpha(t))
-    sigma = torch.sqrt(1 - alpha**2)  # variance preserving: alpha^2 + sigma^2 = 1
-    d_alpha = alpha * _vp_dlog_alpha(t)
-    return alpha, d_alpha, sigma, -alpha * d_alpha / sigma
-
-
-_PATH_FNS = {"linear": _linear, "gvp": _gvp, "vp": _vp}
-_DLOG_ALPHA = {
-    "linear": lambda t: 1 / t,
-    "gvp": lambda t: (math.pi / 2) / torch.tan(math.pi / 2 * t),
-    "vp": _vp_dlog_alpha,
-}
+INTERPOLANT_PATHS: dict[str, InterpolantPath] = {p.name: p for p in (LinearPath(), GVPPath(), VPPath())}
+PATHS = tuple(INTERPOLANT_PATHS)
 
 
 def _expand(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -107,51 +158,44 @@ class Transport:
 
     def __init__(self, cfg: TransportConfig | None = None):
         self.cfg = cfg = cfg or TransportConfig()
-        # SiT's end-point rule: VP is unstable at t = 1; score / noise are unstable at both ends of
-        # linear and GVP; velocity on linear and GVP is stable everywhere. None means the rule's value.
-        if cfg.path == "vp":
-            default_train, default_sample = 1e-5, 1e-3
-        elif cfg.prediction != "velocity":
-            default_train, default_sample = 1e-3, 1e-3
-        else:
-            default_train, default_sample = 0.0, 0.0
+        self.path = INTERPOLANT_PATHS[cfg.path]
+        default_train, default_sample = self.path.default_eps(cfg.prediction)  # None means the path's rule
         self.train_eps = default_train if cfg.train_eps is None else cfg.train_eps
         self.sample_eps = default_sample if cfg.sample_eps is None else cfg.sample_eps
 
     # Path coefficients.
     def coefficients(self, t: torch.Tensor):
         """(alpha_t, alpha'_t, sigma_t, sigma'_t), each shaped like t."""
-        return _PATH_FNS[self.cfg.path](t)
+        return self.path.coefficients(t)
 
     def dlog_alpha(self, t: torch.Tensor) -> torch.Tensor:
         """alpha'_t / alpha_t, computed stably (infinite at t = 0 for linear and GVP)."""
-        return _DLOG_ALPHA[self.cfg.path](t)
+        return self.path.dlog_alpha(t)
 
     def score_coef(self, t: torch.Tensor) -> torch.Tensor:
         """lambda_t with velocity = dlog_alpha_t * x + lambda_t * score (SiT's `compute_drift` variance)."""
         _, _, sigma, d_sigma = self.coefficients(t)
         return self.dlog_alpha(t) * sigma**2 - sigma * d_sigma
 
-    # Time intervals.
+    # Time intervals: eps short of each end the path marks unstable for this prediction.
     def interval(self, *, sde: bool = False, sbdm: bool = False, last_step_size: float = 0.0):
         """[t0, t1] for sampling (SiT's `check_interval`, eval=True). last_step_size: the SDE's final
-        deterministic step, taken from t1 to 1 (0 = none)."""
+        deterministic step, taken from t1 to 1 (0 = none). sbdm: the SDE's w(t) is the score SDE's own."""
         eps = self.sample_eps
-        if self.cfg.path == "vp":
-            return 0.0, (1 - last_step_size if sde and last_step_size > 0 else 1 - eps)
-        if self.cfg.prediction == "velocity" and not sde:
-            return 0.0, 1.0
-        # The SBDM coefficient is infinite at t = 0: keep it at least SBDM_MIN_T away.
-        t0 = max(eps, SBDM_MIN_T) if sbdm else (eps if self.cfg.prediction != "velocity" else 0.0)
-        return t0, (1 - last_step_size if sde and last_step_size > 0 else 1 - eps)
+        noise_end, data_end = self.path.unstable_ends(self.cfg.prediction)
+        t0 = eps if noise_end else 0.0
+        if sde and sbdm and self.path.alpha_zero_at_noise:
+            t0 = max(eps, SBDM_MIN_T)  # the SBDM coefficient (alpha'/alpha ...) is infinite where alpha = 0
+        if sde and last_step_size > 0:
+            t1 = 1 - last_step_size
+        else:
+            t1 = 1 - eps if data_end or sde else 1.0  # the SDE always stops short of the data end
+        return t0, t1
 
     def train_interval(self):
-        eps = self.train_eps
-        if self.cfg.path == "vp":
-            return 0.0, 1 - eps
-        if self.cfg.prediction != "velocity":
-            return eps, 1 - eps
-        return 0.0, 1.0
+        """[t0, t1] of the training times."""
+        noise_end, data_end = self.path.unstable_ends(self.cfg.prediction)
+        return (self.train_eps if noise_end else 0.0), (1 - self.train_eps if data_end else 1.0)
 
     def sample_t(self, n: int, device=None, dtype=torch.float32, generator=None) -> torch.Tensor:
         """n training times in the training interval (generator None = the global torch RNG)."""

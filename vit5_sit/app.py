@@ -28,7 +28,7 @@ DEMO = "demo"                # the model box's name for the bundled demo model
 MAX_PER_CLASS = 16
 MAX_STEPS = 250
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
-METHODS = ("euler", "heun", "dopri5")
+METHODS = ("euler", "heun", "dopri5")  # the page's choices: the fixed-step solvers and one adaptive
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends no usage reports
 
 
@@ -90,6 +90,7 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
     from vit5_sit.classes import ClassSpecError, class_label, parse_classes
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.generate import save_labelled_grid
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
     pipe = models.get(model)
     n = pipe.model.cfg.num_classes
@@ -111,7 +112,7 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
                                seed)).encode()).hexdigest()[:12]
     path = save_labelled_grid(images, out_dir / f"vit5-sit-grid-{key}.png", per_class,
                               [class_label(c, n) for c in ids])
-    what = f"{sampler}/{method}" + (f" {steps} steps" if method in ("euler", "heun") else "")
+    what = f"{sampler}/{method}" + (f" {steps} steps" if method in FIXED_STEP_METHODS else "")
     info = (f"{len(ids)} classes x {per_class} images, {what}, guidance {float(guidance):g}, seeds {seed}-"
             f"{seed + len(labels) - 1}: {time.perf_counter() - start:.1f} s")
     return path, info

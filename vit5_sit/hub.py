@@ -151,6 +151,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     from huggingface_hub import ModelCard, ModelCardData
 
     from vit5_sit.config import LATENT_DOWNSAMPLE
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
     m = cfg.model_config()
     preset = dataclasses.asdict(PRESETS[cfg.model.preset]) if cfg.model.preset in PRESETS else {}
@@ -162,7 +163,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
             f"pos. embedding {m.pos_embed}", f"RoPE {'on' if m.rope else 'off'}", f"{m.num_registers} registers",
             f"LayerScale {m.layer_scale_init if m.layer_scale_init is not None else 'off'}", f"MLP {m.mlp}"]
     s = cfg.sampler
-    steps = f", {s.steps} steps" if s.method in ("euler", "heun") else ""
+    steps = f", {s.steps} steps" if s.method in FIXED_STEP_METHODS else ""
     rows = [
         ("preset", f"`{cfg.model.preset}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in changed.items())
                                               if changed else "")),

@@ -121,6 +121,8 @@ def load_model(args) -> Loaded:
             path = local_model_path(args.ckpt)  # a Hub repo id: its folder in the Hugging Face cache
         except ModelLoadError as e:
             raise UsageError(f"--ckpt: {e}") from None
+        if not path.exists():
+            raise UsageError(f"--ckpt: no such file or folder: {path}")
     official = path.is_file()
     if args.preset is not None and not official:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")

@@ -42,8 +42,10 @@ def local_model_path(path: str | Path | None) -> Path:
     """The path as given (None: the demo model), or for a Hub repo id its snapshot folder in the cache."""
     if path is None:
         return DEMO_MODEL
-    from vit5_sit.hub import resolve_model_path
+    from vit5_sit.hub import parse_repo_spec, resolve_model_path
 
+    if Path(path).exists() or parse_repo_spec(str(path)) is None:
+        return Path(path)  # a missing path is reported by the caller
     return resolve_model_path(path)
 
 

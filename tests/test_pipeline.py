@@ -104,6 +104,14 @@ def test_generator_draws_reproducible_seeds(pipe):
     assert np.array_equal(again.images, a.images)
 
 
+def test_save_pretrained_round_trip(pipe, tmp_path):
+    folder = pipe.save_pretrained(tmp_path / "saved")
+    assert (folder / "README.md").is_file()
+    again = Vit5SitPipeline.from_pretrained(folder)
+    again.set_progress_bar_config(disable=True)
+    assert np.array_equal(again([2, 5], seed=3, output_type="np").images, pipe([2, 5], seed=3, output_type="np").images)
+
+
 def test_bad_arguments_name_the_value(pipe):
     with pytest.raises(ValueError, match="output_type='jpg': choose one of pil, np, pt"):
         pipe([0], output_type="jpg")

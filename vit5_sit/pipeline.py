@@ -51,9 +51,10 @@ class Vit5SitPipelineOutput:
 class Vit5SitPipeline:
     """A trained model, its config and (latent models) the VAE; call it to generate images."""
 
-    def __init__(self, model: DiT, config: ExperimentConfig, vae=None):
+    def __init__(self, model: DiT, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None):
         self.model = model.eval()
         self.config = config
+        self.metrics = list(metrics or [])  # measured metrics, carried into save_pretrained's model card
         self.transport = Transport(config.transport)
         self.latent = config.data.kind == "latents"
         self._vae = vae                   # None until first needed: a name/path, or a loaded AutoencoderKL
@@ -74,7 +75,20 @@ class Vit5SitPipeline:
 
         loaded = PretrainedModel.from_pretrained(repo_id_or_path, revision=revision, cache_dir=cache_dir,
                                                  token=token, device=device)
-        return cls(loaded.model, loaded.config, vae=vae)
+        return cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics)
+
+    def _pretrained(self):
+        from vit5_sit.hub import PretrainedModel
+
+        return PretrainedModel(self.model, self.config, self.metrics)
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs) -> Path:
+        """The model folder (`vit5_sit.hub.PretrainedModel.save_pretrained`); the VAE is the config's name."""
+        return self._pretrained().save_pretrained(save_directory, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload the model folder to a Hub model repo (`vit5_sit.hub.PretrainedModel.push_to_hub`)."""
+        return self._pretrained().push_to_hub(repo_id, **kwargs)
 
     def to(self, device: torch.device | str) -> Vit5SitPipeline:
         self.model.to(device)

@@ -36,6 +36,8 @@ import json
 import sys
 from pathlib import Path
 
+from vit5_sit.checks import UsageError as CheckError
+from vit5_sit.checks import finite_float, output_file, output_folder, parse_device
 from vit5_sit.eval import (
     EvalError,
     InceptionWeightsError,
@@ -81,6 +83,7 @@ def _add_inception_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_inception(args):
+    args.device = parse_device(args.device)
     try:
         return load_inception(args.inception_weights, args.device)
     except InceptionWeightsError as e:
@@ -89,17 +92,25 @@ def _load_inception(args):
 
 
 def cmd_ref(args) -> int:
+    output_file(args.out, "--out")
     images = _flag("--data", open_reference, args.data)
     if images.images is None:
         raise UsageError(f"--data: {args.data} holds statistics, not images")
+    if images.images.num_images < 2:
+        raise UsageError(f"--data: {args.data} holds {images.images.num_images} image; reference statistics "
+                         "need at least 2 (FID is only meaningful with thousands)")
     inception = _load_inception(args)
     ref = compute_reference(images, args.out, inception, batch_size=args.batch_size,
                             num_workers=args.num_workers, progress=not args.no_progress)
-    print(f"Wrote {args.out}: {len(ref.features)} images, Inception {inception.describe()}")
+    skipped = getattr(images.images, "skipped", [])
+    note = f" ({len(skipped)} unreadable image(s) skipped, listed above)" if skipped else ""
+    print(f"Wrote {args.out}: {len(ref.features)} images{note}, Inception {inception.describe()}")
     return 0
 
 
 def cmd_calc(args) -> int:
+    if args.json is not None:
+        output_file(args.json, "--json")
     chosen = _flag("--metrics", parse_metrics, args.metrics)
     samples = _flag("--samples", open_images, args.samples)
     reference = _flag("--ref", open_reference, args.ref)
@@ -118,6 +129,8 @@ def cmd_compare(args) -> int:
     from vit5_sit.eval.compare import CompareSettings, compare_runs
 
     metrics = _flag("--metrics", parse_metrics, args.metrics)
+    output_folder(args.out, "--out")
+    args.device = parse_device(args.device)
     _flag("--ref", open_reference, args.ref)  # a missing or malformed reference fails before any sampling
     settings = CompareSettings(
         num_samples=args.num_samples, seed=args.seed, mode=args.sampler, method=args.method, steps=args.steps,
@@ -176,9 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="euler",
                    help="ode: euler, heun, dopri5, ...; sde: euler, heun (default: euler)")
     p.add_argument("--steps", type=_positive_int, default=50, help="fixed-step methods: steps (default: 50)")
-    p.add_argument("--cfg-scale", type=float, default=1.0,
+    p.add_argument("--cfg-scale", type=finite_float, default=1.0,
                    help="classifier-free guidance; 1 = none (default)")
-    p.add_argument("--guidance-interval", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+    p.add_argument("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
                    help="guide only for t in [LOW, HIGH] (default: 0 1)")
     p.add_argument("--metrics", default="fid,is,pr",
                    help="comma-separated: fid, is, pr (precision and recall), kid (JSON only) "
@@ -196,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
+    except (UsageError, CheckError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from vit5_sit.checks import OutputLock, finite_float, output_file, output_folder, parse_device
+from vit5_sit.checks import UsageError as CheckError
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
@@ -71,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
              "classes[i %% len(classes)]")
     arg("--seed", type=int, default=0, help="seed of the first image; image i has seed + i (default: 0)")
-    arg("--cfg-scale", type=float, default=None,
+    arg("--cfg-scale", type=finite_float, default=None,
         help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
              "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
-    arg("--guidance-interval", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+    arg("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
     arg("--guide-channels", type=_positive_int, default=None, metavar="N",
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
@@ -204,19 +206,47 @@ def check_flags(args) -> bool:
     low, high = args.guidance_interval
     if not 0.0 <= low <= high <= 1.0:
         raise UsageError(f"--guidance-interval {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1")
+    if args.cfg_scale is not None and args.cfg_scale < 0:
+        raise UsageError(f"--cfg-scale {args.cfg_scale:g}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    output_file(out, "--out")
+    if args.save_images is not None:
+        output_folder(args.save_images, "--save-images")
+    args.device = parse_device(args.device)
     return grid
 
 
 def run(args) -> int:
-    import torch
+    from vit5_sit import distributed as dist
 
+    grid = check_flags(args)
+    lock = OutputLock(args.out)  # a second run on the same --out is refused, before any work
+    refused = None
+    if dist.is_main():
+        try:
+            lock.acquire()
+        except CheckError as e:
+            refused = str(e)
+    if dist.world_size() > 1:  # every process of a launch stops, not only the main one
+        import torch.distributed
+
+        box = [refused]
+        torch.distributed.broadcast_object_list(box, src=0)
+        refused = box[0]
+    if refused:
+        raise CheckError(refused)
+    try:
+        return _run(args, grid)
+    finally:
+        lock.release()
+
+
+def _run(args, grid: bool) -> int:
     from vit5_sit import distributed as dist
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.generate import SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
-    grid = check_flags(args)
     loaded = load_model(args)
     mcfg = loaded.model.cfg
     if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
@@ -231,7 +261,7 @@ def run(args) -> int:
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
-        device=torch.device(args.device) if args.device else dist.device(), cfg_scale=args.cfg_scale,
+        device=args.device or dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
     classes = classes_for(args, mcfg.num_classes, grid)
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
@@ -292,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except UsageError as e:
+    except (UsageError, CheckError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from vit5_sit.checks import first_line
 from vit5_sit.config import ExperimentConfig, load_config
 from vit5_sit.models import PRESETS, DiT, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch
@@ -76,6 +77,7 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
                       overrides: dict | None = None, use_ema: bool = True, device: torch.device | str = "cpu",
                       ) -> tuple[DiT, ExperimentConfig | None]:
     """A model in eval mode on ``device``, and its experiment config (None for official files)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = local_model_path(path)
@@ -89,6 +91,7 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
         except StateDictMismatch as e:
             raise StateDictMismatch(_official_mismatch(path, name, e), e.file_fields, e.differing,
                                     e.details) from None
+        check_finite(model, path)
         return model.to(device).eval(), None
     folder, config_path = resolve_checkpoint(path)
     if not config_path.is_file():
@@ -99,12 +102,29 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
                              "has its own config.yaml")
     model = create_model(cfg.model_config())
     weights = _weights_in(folder, use_ema)
-    state = {k: v.float() for k, v in load_file(str(weights)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    try:
+        state = {k: v.float() for k, v in load_file(str(weights)).items()}
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} {tuple(state[k].shape)} (model: {tuple(v.shape)})"
+              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
         raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
-                             f"{missing[:5]}, unexpected keys: {unexpected[:5]})")
+                             f"{missing[:5]}, unexpected keys: {unexpected[:5]}, wrong shapes: {shapes[:5]})")
+    model.load_state_dict(state, strict=True)
+    check_finite(model, weights)
     return model.to(device).eval(), cfg
+
+
+def check_finite(model: torch.nn.Module, source: str | Path) -> None:
+    """Refuse weights holding NaN or inf: they sample black or noise images without any error."""
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ModelLoadError(f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:5])}); the "
+                             "weights are damaged or the run diverged: use an earlier checkpoint")
 
 
 # Fields of an official file that a preset fixes; the others (input size, classes) are per-use overrides.
@@ -140,8 +160,10 @@ def model_identity(path: str | Path | None = None, preset: str | None = None) ->
     weights = _weights_in(folder, True)
     meta = folder / "meta.json"
     if meta.is_file() and weights is not None:
-        files = json.loads(meta.read_text()).get("files", {})
-        if weights.name in files:
-            return {"weights": weights.name, "sha256": files[weights.name]["sha256"]}
+        try:
+            files = json.loads(meta.read_bytes().decode("utf-8")).get("files", {})
+            return {"weights": weights.name, "sha256": str(files[weights.name]["sha256"])}
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            pass  # no usable meta.json (a model folder): name the file instead
     st = weights.stat()
     return {"weights": str(weights.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}

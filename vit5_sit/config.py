@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,8 +53,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_choice("data.kind", self.kind, DATASET_KINDS, error=ConfigError)
-        _positive("data.resolution", self.resolution)
         check_choice("data.channels", self.channels, (1, 3), error=ConfigError)
+        if not str(self.path).strip():
+            raise ConfigError("data.path is empty: name the image root, latent cache or MNIST export folder")
 
 
 @dataclass
@@ -81,12 +83,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"), error=ConfigError)
-        for name in ("global_batch_size", "grad_accum", "max_steps", "ckpt_every", "max_nonfinite"):
-            _positive(f"train.{name}", getattr(self, name))
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1) (SiT uses 0.9999)")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr={self.lr}: must be positive")
 
 
 @dataclass
@@ -102,6 +98,8 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         check_choice("log.tracker", self.tracker, ("tensorboard", "wandb", "none"), error=ConfigError)
+        if not self.sample_classes:
+            raise ConfigError("log.sample_classes=[]: name at least one class id for the grid rows, e.g. [0,1]")
 
 
 @dataclass
@@ -142,9 +140,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
@@ -158,6 +160,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     cfg = _build(ExperimentConfig, raw, prefix="")
     _check_model(cfg)
+    _check_consistency(cfg)
     return cfg
 
 
@@ -217,6 +220,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             kwargs[key] = _build(hint, value, prefix + key + ".")
         else:
             kwargs[key] = _coerce(prefix + key, value, hint)
+            _check_range(prefix + key, kwargs[key])
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -241,6 +245,7 @@ def _build_model(raw: dict[str, Any], prefix: str) -> ModelSection:
         if key not in names:
             raise ConfigError(_unknown(prefix + str(key), ["preset", *names], prefix))
         coerced[key] = _coerce(prefix + key, value, hints[key])
+        _check_range(prefix + key, coerced[key])
     return ModelSection(preset=preset, overrides=coerced)
 
 
@@ -301,14 +306,19 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return int(value)
         raise ConfigError(f"{key}={value!r}: expected an integer")
     if hint is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}={value!r}: expected a number")
+        if number is None:
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}={value}: must be a finite number")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -320,6 +330,144 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     return value
 
 
-def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}={value}: must be a positive integer")
+# ----------------------------------------------------------------------------------------------------------
+# Ranges: every numeric setting has one, checked when the config is read (finite, sign, bounds; integer-ness
+# comes from the field's type). A test checks that no numeric field of any section is missing here.
+
+@dataclass(frozen=True)
+class Range:
+    lo: float | None = None    # None: unbounded below
+    hi: float | None = None    # None: unbounded above
+    lo_open: bool = False      # lo itself excluded
+    hi_open: bool = False      # hi itself excluded
+    why: str = ""              # what the bound protects, shown in the error
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None or isinstance(value, bool):
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: must be a finite number")
+        low_bad = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
+        high_bad = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
+        if low_bad or high_bad:
+            why = f" ({self.why})" if self.why else ""
+            what = "a positive integer" if isinstance(value, int) and (self.lo, self.hi) == (1, None) else \
+                self.describe()
+            raise ConfigError(f"{key}={value}: must be {what}{why}")
+
+    def describe(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return "a finite number"
+
+
+def _at_least(lo: float, why: str = "") -> Range:
+    return Range(lo=lo, why=why)
+
+
+def _above(lo: float, why: str = "") -> Range:
+    return Range(lo=lo, lo_open=True, why=why)
+
+
+_SEED = Range(0, 2**32 - 1, why="seeds are non-negative 32-bit integers")
+_UNIT = Range(0.0, 1.0, hi_open=True)
+
+RANGES: dict[str, Range] = {
+    "data.resolution": _at_least(1),
+    "data.channels": _at_least(1),
+    "data.num_workers": _at_least(0, "0 loads in the training process"),
+    "train.global_batch_size": _at_least(1),
+    "train.grad_accum": _at_least(1),
+    "train.max_steps": _at_least(1),
+    "train.lr": _above(0, "a negative or zero learning rate does not descend"),
+    "train.weight_decay": _at_least(0, "negative decay grows the weights"),
+    "train.beta1": _UNIT,
+    "train.beta2": _UNIT,
+    "train.warmup_steps": _at_least(0, "0 = constant lr; a negative warm-up gives a negative lr"),
+    "train.grad_clip": _above(0, "0 freezes the weights and a negative norm flips the gradients; "
+                                 "none = no clipping"),
+    "train.ema_decay": Range(0.0, 1.0, hi_open=True, why="SiT uses 0.9999"),
+    "train.seed": _SEED,
+    "train.ckpt_every": _at_least(1),
+    "train.keep_last": _at_least(0, "0 keeps all"),
+    "train.max_nonfinite": _at_least(1),
+    "log.every": _at_least(1, "steps between tracker logs"),
+    "log.sample_every": _at_least(0, "0 = never"),
+    "log.sample_classes": _at_least(0, "class ids"),
+    "log.sample_per_class": _at_least(1, "grid columns"),
+    "log.sample_seed": _SEED,
+    "log.sample_cfg_scale": _at_least(0, "1 = no guidance, 0 = unconditional"),
+    "transport.logit_normal_mean": Range(),
+    "transport.logit_normal_std": _above(0),
+    "transport.train_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),
+    "transport.sample_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),
+    "sampler.steps": _at_least(1),
+    "sampler.atol": _above(0),
+    "sampler.rtol": _above(0),
+    "sampler.diffusion_norm": _at_least(0),
+    "sampler.last_step_size": Range(0.0, 1.0, lo_open=True, hi_open=True),
+    "model.input_size": _at_least(1),
+    "model.in_channels": _at_least(1),
+    "model.patch_size": _at_least(1),
+    "model.hidden_size": _at_least(1),
+    "model.depth": _at_least(1),
+    "model.num_heads": _at_least(1),
+    "model.mlp_ratio": _above(0),
+    "model.num_classes": _at_least(1),
+    "model.class_dropout_prob": _UNIT,
+    "model.rope_base": _above(0),
+    "model.num_registers": _at_least(0),
+    "model.register_rope_base": _above(0, "none = registers not rotated"),
+    "model.layer_scale_init": _at_least(0, "none = off"),
+    "model.gate_init": Range(why="0 = adaLN-Zero"),
+}
+
+
+def _check_range(key: str, value: Any) -> None:
+    if key in RANGES:
+        for v in value if isinstance(value, list | tuple) else [value]:
+            RANGES[key].check(key, v)
+
+
+def _check_consistency(cfg: ExperimentConfig) -> None:
+    """Settings that are each in range but do not fit together."""
+    tc = cfg.train
+    if tc.global_batch_size % tc.grad_accum:
+        raise ConfigError(f"train.global_batch_size={tc.global_batch_size} is not divisible by "
+                          f"train.grad_accum={tc.grad_accum}; choose a multiple of it")
+    mcfg = cfg.model_config()
+    if mcfg.layer_scale_init == 0 and mcfg.gate_init == 0:
+        raise ConfigError("model.layer_scale_init=0 with model.gate_init=0: each branch is a product of two zeros "
+                          "and neither factor ever gets a gradient; use model.layer_scale_init=none (off) or a "
+                          "positive value")
+    for key in ("name", "output_dir"):
+        value = str(getattr(cfg, key))
+        if not value.strip():
+            fix = "name=my-run" if key == "name" else "output_dir=. for the current folder"
+            raise ConfigError(f"{key} is empty: the run folder would be the parent folder itself; set {fix}")
+    name = Path(cfg.name)
+    if name.is_absolute() or any(part in ("..", ".") for part in Path(cfg.name).parts) or cfg.name in (".", ".."):
+        raise ConfigError(f"name={cfg.name!r}: must be a folder name under output_dir (no '..', '.' or "
+                          "absolute path); put the location in output_dir=...")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"key {key!r} is given twice in one section (lines {seen[key]} and "
+                              f"{key_node.start_mark.line + 1}); keep one")
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)

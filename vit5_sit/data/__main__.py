@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from vit5_sit.checks import UsageError, output_folder, parse_device
+
 from .digits import export_mnist, export_sklearn_digits
 from .images import find_images
 from .latents import SAVE_DTYPES, encode_dataset
@@ -59,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        output_folder(args.out_dir if args.command in ("mnist", "digits") else args.out,
+                      "OUT_DIR" if args.command in ("mnist", "digits") else "--out")
+        device = parse_device(args.device) if args.command == "encode" else None
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.command in ("mnist", "digits"):
         export = export_mnist if args.command == "mnist" else export_sklearn_digits
         try:
@@ -75,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"--data: {len(samples)} images in {len(classes)} classes")
     if not 0 <= args.part < args.num_parts:
         p.error(f"--part must be in [0, --num-parts), got {args.part} with --num-parts {args.num_parts}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         vae = load_vae(args.vae, device=device, dtype=COMPUTE_DTYPES[args.dtype])
     except VAELoadError as e:

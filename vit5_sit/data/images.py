@@ -7,8 +7,10 @@ guided-diffusion's ``center_crop_arr`` and returned as float tensors in [-1, 1].
 Robustness: a file that cannot be decoded never crashes a run. ``verify=True`` opens every file's
 header at construction and drops the bad ones; a file that still fails at load time (a truncated
 JPEG passes a header check) is replaced by the next readable index, deterministically, and recorded
-in ``dataset.skipped`` with a warning logged once per file. The record lives in the process that
-loads the image: with DataLoader workers, only ``verify=True`` gives the main process a full count.
+in ``dataset.skipped`` with a warning logged once per file, whichever DataLoader worker meets it first
+(workers share a small record folder); ``dataset.skipped_files()`` in the main process lists every file
+skipped by any of them, for the end-of-run summary. A folder where no image can be read is one
+``UnreadableDataError`` naming the first file and why.
 
 Reproducibility: ``__getitem__`` is a pure function of (index, epoch) when a ``seed`` is given: the
 random flip comes from a generator seeded with (seed, epoch, index), so a resumed run that restores
@@ -17,8 +19,13 @@ its sampler position and calls ``set_epoch`` sees exactly the same batches.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -60,19 +67,62 @@ def adm_center_crop(image: Image.Image, resolution: int) -> Image.Image:
     return image.crop((left, top, left + resolution, top + resolution))
 
 
+class UnreadableDataError(ValueError):
+    """No image of a dataset can be read, or an image's mode has no defined conversion."""
+
+
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # read as 0..65535 ('I': Pillow's 16-bit PNG mode)
+# converted through this mode first
+VIA_MODE = {"P": "RGBA", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "1": "L", "LAB": "RGB"}
+REFUSED_MODES = {
+    "F": "32-bit float pixels have no standard value range; save them as 8- or 16-bit PNG",
+}
+
+
 def to_mode(image: Image.Image, channels: int) -> Image.Image:
-    """Convert any PIL mode (L, LA, RGBA, P, CMYK, ...) to 1 or 3 channels."""
-    if image.mode == "P":  # palette images may carry transparency; go through RGBA to avoid PIL's warning
-        image = image.convert("RGBA")
-    return image if image.mode == CHANNEL_MODES[channels] else image.convert(CHANNEL_MODES[channels])
+    """Convert a PIL image to 1 or 3 channels with its values kept: 'L' / 'RGB', or 'F' (0..255) for 16-bit.
+
+    8-bit modes (1, L, LA, P, PA, RGB, RGBA, CMYK, YCbCr, HSV, ...) go through Pillow's conversion (alpha is
+    dropped, as in ADM's ``convert("RGB")``; palettes through RGBA). 16-bit grayscale (I;16*, and I read as
+    16-bit) is scaled by 255 / 65535 into a float image, so no value saturates (Pillow's own conversion clips
+    them at 255). Modes without a defined conversion raise UnreadableDataError naming the mode.
+    """
+    mode = image.mode
+    if mode in REFUSED_MODES:
+        raise UnreadableDataError(f"image mode {mode!r} is not supported: {REFUSED_MODES[mode]}")
+    if mode in SIXTEEN_BIT_MODES:
+        arr = np.asarray(image).astype(np.float32)
+        if arr.size and (arr.min() < 0 or arr.max() > 65535):
+            raise UnreadableDataError(f"image mode {mode!r} with values {arr.min():g}..{arr.max():g}: only "
+                                      "16-bit values (0..65535) are supported; save the image as 8- or 16-bit PNG")
+        return Image.fromarray(arr * (255.0 / 65535.0), mode="F")
+    target = CHANNEL_MODES[channels]
+    try:
+        if mode in VIA_MODE:
+            image = image.convert(VIA_MODE[mode])
+        return image if image.mode == target else image.convert(target)
+    except (ValueError, ImportError, OSError) as e:  # ImportError: LAB needs Pillow's ImageCms (littlecms)
+        raise UnreadableDataError(f"image mode {mode!r} is not supported: Pillow cannot convert it to "
+                                  f"{target} ({e}); save the image as RGB or grayscale") from None
 
 
-def image_to_tensor(image: Image.Image) -> torch.Tensor:
-    """uint8 PIL image -> float32 tensor (C, H, W) in [-1, 1]."""
-    arr = np.asarray(image, dtype=np.float32)
+def image_to_tensor(image: Image.Image, channels: int | None = None) -> torch.Tensor:
+    """8-bit PIL image (or 'F' in 0..255) -> float32 tensor (C, H, W) in [-1, 1]; gray repeated to ``channels``."""
+    arr = np.array(image, dtype=np.float32)  # a copy: torch wants a writable array
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return torch.from_numpy(arr).permute(2, 0, 1).contiguous() / 127.5 - 1.0
+    if channels is not None and arr.shape[2] == 1 and channels > 1:
+        arr = np.repeat(arr, channels, axis=2)
+    return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).contiguous() / 127.5 - 1.0
+
+
+def to_rgb_uint8(image: Image.Image) -> np.ndarray:
+    """Any supported PIL image -> uint8 (H, W, 3), converted like the training loader (16-bit scaled)."""
+    image = to_mode(image, 3)
+    arr = np.asarray(image, dtype=np.float32)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[:, :, None], 3, axis=2)
+    return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
 
 
 def find_images(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
@@ -151,10 +201,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                 else:
                     self._record(path, reason, "scan")
             if not kept:
-                raise ValueError(f"none of the {len(samples)} images in {str(self.root)!r} could be read")
+                raise UnreadableDataError(_none_readable(self.root, len(samples), self.skipped))
             samples = kept
         self.samples = samples
         self._bad: set[int] = set()  # indices that failed to load in this process
+        self._report_dir = _shared_report_dir(self)
+        for rec in self.skipped:  # scan results: reported above, recorded for the summary
+            _claim(self._report_dir, rec)
 
     @property
     def num_classes(self) -> int:
@@ -181,7 +234,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         with Image.open(self.root / path) as image:
             image.load()  # full decode while the file is open: truncated files fail here
             image = to_mode(image, self.channels)
-        return image_to_tensor(adm_center_crop(image, self.resolution)), label
+        return image_to_tensor(adm_center_crop(image, self.resolution), self.channels), label
 
     def load_or_next(self, index: int) -> tuple[torch.Tensor, int]:
         """``load(index)``, or the first readable index after it (wrapping), recording failures."""
@@ -195,7 +248,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             except Exception as e:  # any decoder error: skip the file, never crash the run
                 self._bad.add(j)
                 self._record(self.samples[j][0], f"{type(e).__name__}: {e}", "load")
-        raise RuntimeError(f"none of the {n} images in {str(self.root)!r} could be read; see the warnings")
+        raise UnreadableDataError(_none_readable(self.root, n, self.skipped))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = self.load_or_next(index)
@@ -206,5 +259,52 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         return image, torch.tensor(label, dtype=torch.long)
 
     def _record(self, path: str, reason: str, stage: str) -> None:
-        self.skipped.append(SkippedFile(path, reason, stage))
-        log.warning("skipping unreadable image %s (%s)", self.root / path, reason)
+        rec = SkippedFile(path, reason, stage)
+        self.skipped.append(rec)
+        report_dir = getattr(self, "_report_dir", None)  # None while scanning in __init__
+        if report_dir is None or _claim(report_dir, rec):  # first time any process meets this file
+            log.warning("skipping unreadable image %s (%s)", self.root / path, reason)
+
+    def skipped_files(self) -> list[SkippedFile]:
+        """Every file skipped so far by this dataset in any process (DataLoader workers included), by path."""
+        found = {rec.path: rec for rec in self.skipped}
+        if self._report_dir is not None and os.path.isdir(self._report_dir):
+            for name in os.listdir(self._report_dir):
+                try:
+                    with open(os.path.join(self._report_dir, name), encoding="utf-8") as f:
+                        rec = SkippedFile(*json.load(f))
+                except (OSError, ValueError, TypeError):
+                    continue  # a record being written right now
+                found.setdefault(rec.path, rec)
+        return sorted(found.values())
+
+
+def _none_readable(root: Path, n: int, skipped: list[SkippedFile]) -> str:
+    first = f" (first: {skipped[0].path}: {skipped[0].reason})" if skipped else ""
+    return f"none of the {n} images in {str(root)!r} could be read{first}"
+
+
+def _shared_report_dir(owner) -> str:
+    """A folder where every process records the files it skipped, one file each: a file is reported once."""
+    path = tempfile.mkdtemp(prefix="vit5-sit-skipped-")
+    weakref.finalize(owner, _remove_if_owner, path, os.getpid())
+    return path
+
+
+def _remove_if_owner(path: str, pid: int) -> None:
+    if os.getpid() == pid:  # not from a forked DataLoader worker
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _claim(report_dir: str, rec: SkippedFile) -> bool:
+    """Record ``rec`` unless some process already did; True if this call recorded it."""
+    name = hashlib.sha1(rec.path.encode()).hexdigest()
+    try:
+        fd = os.open(os.path.join(report_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:  # the folder is gone (the owner finished): report locally
+        return True
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(list(rec), f)
+    return True

@@ -80,6 +80,7 @@ def evaluate(
     skipped: dict[str, str] = {}
 
     # Sample features.
+    source = None
     if isinstance(samples, Features):
         sample_desc, feats = "features", samples
     else:
@@ -149,6 +150,9 @@ def evaluate(
         attempt(("kid",), kernel_id)
 
     result["skipped"] = skipped
+    unreadable = [f for src in (source, ref.images) for f in getattr(src, "skipped", [])]
+    if unreadable:
+        result["unreadable_files"] = [f"{path} ({reason})" for path, reason in unreadable]
     return result
 
 
@@ -217,4 +221,8 @@ def format_markdown(result: dict) -> str:
         f"Inception: {result['inception_weights'] or 'unknown'}.",
     ]
     lines += [f"- {name}: n/a: {reason}" for name, reason in result["skipped"].items()]
+    unreadable = result.get("unreadable_files", [])
+    if unreadable:
+        more = f", ... ({len(unreadable) - 10} more)" if len(unreadable) > 10 else ""
+        lines.append(f"- {len(unreadable)} unreadable image(s) skipped: {', '.join(unreadable[:10])}{more}")
     return "\n".join(lines)

@@ -3,8 +3,9 @@
 Images (`open_images`):
   - an .npz in ADM's layout: `arr_0` uint8 (N, H, W, 3), optional `arr_1` labels (ignored). Read in batches
     straight from the zip member, so a 50k-sample file is never held in memory whole;
-  - a folder, searched recursively for .png / .jpg / .jpeg / .webp (sorted paths; grayscale, palette and RGBA
-    images are converted to RGB; images of different sizes are batched separately);
+  - a folder, searched recursively for .png / .jpg / .jpeg / .webp (sorted paths; every mode converted to RGB
+    like the training loader, 16-bit scaled; images of different sizes are batched separately; unreadable
+    files are skipped, warned about and listed in ``source.skipped``);
   - a uint8 array (N, H, W, 3).
 References (`open_reference`):
   - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu`, `sigma`, and usually `features`
@@ -115,9 +116,16 @@ class _ImageFiles(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.files)
 
-    def __getitem__(self, i) -> np.ndarray:
-        with PIL.Image.open(self.files[i]) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8)  # (H, W, 3); L, P, RGBA, CMYK -> RGB
+    def __getitem__(self, i) -> tuple[np.ndarray, str]:
+        """(uint8 (H, W, 3) image, '') or (empty array, the reason it cannot be read)."""
+        from vit5_sit.data.images import to_rgb_uint8
+
+        try:
+            with PIL.Image.open(self.files[i]) as im:
+                im.load()  # decode fully while open: truncated files fail here
+                return to_rgb_uint8(im), ""  # every mode as the training loader converts it (16-bit scaled)
+        except Exception as e:  # noqa: BLE001 - any decoder error: skip the file and report it
+            return np.zeros((0,), np.uint8), f"{type(e).__name__}: {e}"
 
 
 class FolderImages(ImageSource):
@@ -130,6 +138,7 @@ class FolderImages(ImageSource):
             if name.lower().endswith(IMAGE_EXTENSIONS)
         )
         self.num_images = len(self.files)
+        self.skipped: list[tuple[str, str]] = []  # (file, reason) of unreadable images, filled while reading
         if not self.files:
             kinds = ", ".join(IMAGE_EXTENSIONS)
             raise EvalError(f"no images found in {path} (searched recursively for {kinds})")
@@ -140,8 +149,14 @@ class FolderImages(ImageSource):
             images = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
         else:
             images = (dataset[i] for i in range(len(dataset)))
-        batch = []
-        for image in images:
+        batch, read = [], 0
+        self.skipped = []
+        for i, (image, reason) in enumerate(images):
+            if reason:
+                self.skipped.append((str(self.files[i]), str(reason)))
+                print(f"warning: skipping unreadable image {self.files[i]} ({reason})", file=sys.stderr)
+                continue
+            read += 1
             image = np.asarray(image)
             if batch and (len(batch) == batch_size or image.shape != batch[0].shape):  # one size per batch
                 yield np.stack(batch)
@@ -149,6 +164,9 @@ class FolderImages(ImageSource):
             batch.append(image)
         if batch:
             yield np.stack(batch)
+        if not read:
+            first = f" (first: {self.skipped[0][0]}: {self.skipped[0][1]})" if self.skipped else ""
+            raise EvalError(f"none of the {self.num_images} images in {self.path} could be read{first}")
 
 
 def _npz_keys(path: Path) -> list[str]:
@@ -215,6 +233,10 @@ def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: n
         )
     if features is not None and (features.ndim != 2 or features.shape[1] != POOL_DIM):
         raise EvalError(f"{path}: features must have shape (N, {POOL_DIM}), got {features.shape}")
+    for name, value in (("mu", mu), ("sigma", sigma), ("features", features)):
+        if value is not None and not np.isfinite(value).all():
+            raise EvalError(f"{path}: its {name} holds NaN or inf; rebuild the reference with "
+                            "python eval_fid.py ref --data <images> --out <ref.npz>")
 
 
 def open_reference(source) -> Reference:

@@ -45,8 +45,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             with torch.serialization.safe_globals([argparse.Namespace]):
                 obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way
+        from vit5_sit.checks import first_line
+
         raise ValueError(f"{path}: cannot read it as a PyTorch checkpoint with weights_only=True "
-                         f"({type(e).__name__}: {e})") from e
+                         f"({first_line(e)})") from None
     if isinstance(obj, dict):
         for entry in ("ema", "model"):
             if isinstance(obj.get(entry), dict):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from vit5_sit.checks import first_line, process_alive
 from vit5_sit.utils import atomic_write_text, file_digest
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
@@ -63,17 +64,30 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
     final = root / f"{PREFIX}{step:07d}"
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(_plain(model_state), str(tmp / "model.safetensors"))
-    save_file(_plain(ema_state), str(tmp / "ema.safetensors"))
-    torch.save({**state, "step": step}, tmp / "state.pt")
-    files = {}
-    for name in CHECKPOINT_FILES:
-        _fsync(tmp / name)
-        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
-    atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "files": files}, indent=1))
-    if final.exists():  # an older write of the same step (e.g. a re-run): replace it
-        shutil.rmtree(final)
+    try:
+        tmp.mkdir()
+        save_file(_plain(model_state), str(tmp / "model.safetensors"))
+        save_file(_plain(ema_state), str(tmp / "ema.safetensors"))
+        torch.save({**state, "step": step}, tmp / "state.pt")
+        files = {}
+        for name in CHECKPOINT_FILES:
+            _fsync(tmp / name)
+            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
+        atomic_write_text(tmp / "meta.json", json.dumps({"step": step, "files": files}, indent=1))
+    except (OSError, RuntimeError) as e:  # a full disk, a vanished mount: leave no partial folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free if root.is_dir() else 0
+        raise CheckpointError(f"writing checkpoint {final} failed ({type(e).__name__}: {e}); the partial folder "
+                              f"was removed, {free / 2**30:.2f} GiB free in {root}. The previous checkpoints "
+                              "are intact: free space, then continue with --resume auto") from None
+    if final.exists():  # the same step written before
+        try:
+            verify_checkpoint(final, check_hash=False)
+            shutil.rmtree(final)  # a valid earlier write of this step (training is deterministic): replace it
+        except CheckpointError as why:  # damaged: keep its files aside, never delete them
+            aside = root / f"{final.name}.invalid-{os.getpid()}"
+            os.replace(final, aside)
+            print(f"warning: {final.name} did not verify ({why}); moved it to {aside.name}")
     os.replace(tmp, final)
     if keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
@@ -86,16 +100,35 @@ def _plain(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def verify_checkpoint(path: str | Path, check_hash: bool = True) -> None:
-    """Raise CheckpointError naming what is wrong with the folder, if anything."""
+    """Raise CheckpointError naming what is wrong with the folder, if anything.
+
+    Any damage counts: a missing, unreadable, non-UTF-8 or malformed ``meta.json`` (not an object, no
+    ``files``, an entry without ``bytes`` or ``sha256``, a step that is not the folder's), a listed file that
+    is missing, of another size or with another sha256, or a checkpoint file that meta.json does not list.
+    """
     path = Path(path)
     meta_path = path / "meta.json"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no meta.json ({'not a folder' if path.exists() else 'no such folder'})")
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: no meta.json (the write did not finish)")
     try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{meta_path}: unreadable ({e})") from None
-    for name, info in meta.get("files", {}).items():
+        meta = json.loads(meta_path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable ({type(e).__name__}: {e})") from None
+    files = meta.get("files") if isinstance(meta, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{meta_path}: malformed (expected an object with 'step' and 'files')")
+    step = meta.get("step")
+    if path.name.startswith(PREFIX) and path.name[len(PREFIX):].isdigit() and step != int(path.name[len(PREFIX):]):
+        raise CheckpointError(f"{meta_path}: says step {step!r}, but the folder is {path.name}")
+    unlisted = [name for name in CHECKPOINT_FILES if name not in files]
+    if unlisted:
+        raise CheckpointError(f"{meta_path}: does not list {', '.join(unlisted)}")
+    for name, info in files.items():
+        if not (isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("sha256"), str)
+                and "/" not in str(name)):
+            raise CheckpointError(f"{meta_path}: malformed entry for {name!r} (expected bytes and sha256)")
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{f}: missing")
@@ -104,6 +137,18 @@ def verify_checkpoint(path: str | Path, check_hash: bool = True) -> None:
             raise CheckpointError(f"{f}: {size} bytes, expected {info['bytes']} (truncated?)")
         if check_hash and file_digest(f) != info["sha256"]:
             raise CheckpointError(f"{f}: sha256 mismatch (corrupted)")
+
+
+def checkpoint_report(run_dir: str | Path, check_hash: bool = True) -> list[tuple[Checkpoint, str | None]]:
+    """Every finished checkpoint folder of a run, newest first, with why it fails verification (None: valid)."""
+    report = []
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(ckpt.path, check_hash=check_hash)
+            report.append((ckpt, None))
+        except CheckpointError as e:
+            report.append((ckpt, str(e)))
+    return report
 
 
 def latest_valid_checkpoint(run_dir: str | Path, log=print) -> Checkpoint | None:
@@ -117,9 +162,51 @@ def latest_valid_checkpoint(run_dir: str | Path, log=print) -> Checkpoint | None
     return None
 
 
+def stale_temp_folders(run_dir: str | Path) -> list[Path]:
+    """``.step_XXXXXXX.tmp-PID`` folders of writers that are no longer running on this machine.
+
+    A writer killed mid-write (SIGKILL, power loss, a full disk) leaves one behind; a folder whose process
+    is still alive (another run writing into the same folder) is left alone.
+    """
+    root = checkpoint_dir(run_dir)
+    stale = []
+    if root.is_dir():
+        for p in root.iterdir():
+            head, sep, pid = p.name.rpartition(".tmp-")
+            if sep and head.startswith("." + PREFIX) and pid.isdigit() and not process_alive(int(pid)):
+                stale.append(p)
+    return sorted(stale)
+
+
+def clean_stale_temp_folders(run_dir: str | Path, log=print) -> list[Path]:
+    """Delete `stale_temp_folders` (unfinished writes, never checkpoints) and say so; returns them."""
+    stale = stale_temp_folders(run_dir)
+    for p in stale:
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        shutil.rmtree(p, ignore_errors=True)
+        log(f"removed {p}: an unfinished checkpoint write of a process that is gone ({size / 2**20:.1f} MiB)")
+    return stale
+
+
 def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
     """(model state, EMA state, training state) of a verified checkpoint folder."""
+    import pickle
+
+    from safetensors import SafetensorError
+
     path = Path(path)
     verify_checkpoint(path)
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    return load_file(str(path / "model.safetensors")), load_file(str(path / "ema.safetensors")), state
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path / 'state.pt'}: refused: cannot read it with torch.load(weights_only=True) "
+                              f"({first_line(e)})") from None
+    if not isinstance(state, dict) or "optimizer" not in state or "step" not in state:
+        raise CheckpointError(f"{path / 'state.pt'}: not a training state (expected optimizer and step)")
+    weights = []
+    for name in ("model.safetensors", "ema.safetensors"):
+        try:
+            weights.append(load_file(str(path / name)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path / name}: not a readable safetensors file ({e})") from None
+    return weights[0], weights[1], state

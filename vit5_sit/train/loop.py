@@ -19,14 +19,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vit5_sit.config import ExperimentConfig, save_config
+from vit5_sit.config import ExperimentConfig
 from vit5_sit.models import DiT, create_model
-from vit5_sit.train.checkpoint import (
-    latest_valid_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
+from vit5_sit.train import preflight
+from vit5_sit.train.checkpoint import load_checkpoint, save_checkpoint
 from vit5_sit.train.ema import EMA
 from vit5_sit.train.sharding import full_state, full_tensor, is_sharded, shard_model, shard_optimizer_state
 from vit5_sit.transport import Transport
@@ -154,18 +150,8 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         torch.backends.cuda.matmul.allow_tf32 = tc.tf32
         torch.backends.cudnn.allow_tf32 = tc.tf32
 
-    # Where to start.
-    start_ckpt = None
-    if resume == "auto":
-        start_ckpt = latest_valid_checkpoint(run_dir, log=log)
-        if start_ckpt is None:
-            log(f"--resume auto: no valid checkpoint in {run_dir}, starting from scratch")
-    elif resume:
-        start_ckpt = Path(resume)
-    elif list_checkpoints(run_dir):
-        raise TrainingError(
-            f"{run_dir} already has checkpoints; pass --resume auto to continue it, or set a new "
-            f"name=... / output_dir=... to start another run")
+    # Where to start (run folder, checkpoints and settings checked before any compute).
+    start_ckpt = preflight.start_checkpoint(cfg, resume, log=log, main=accelerator.is_main_process)
 
     # Model, EMA, optimizer.
     torch.manual_seed(tc.seed)
@@ -195,9 +181,6 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         optimizer.load_state_dict(shard_optimizer_state(optimizer_state, optimizer) if sharded else optimizer_state)
     if tc.compile:
         model = torch.compile(model)
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
 
     # Data: our own sampler shards the stream, so the loader is not passed through accelerate.
     dataset = build_training_dataset(cfg)
@@ -208,6 +191,9 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
             f"the data gives samples of shape {data_shape} but the model expects {model_shape}; set "
             f"model.in_channels={data_shape[0]} model.input_size={data_shape[1]} (or fix data.resolution / "
             f"data.channels)")
+    preflight.check_dataset(cfg, dataset, mcfg)
+    if accelerator.is_main_process:  # only now: a start that fails leaves no run folder behind
+        preflight.write_run_config(cfg)
     sampler = StepSampler(len(dataset), tc.seed, micro, world, rank, tc.grad_accum, start_step=step)
     loader = DataLoader(EpochIndexed(dataset), batch_size=micro, sampler=sampler, num_workers=cfg.data.num_workers,
                         pin_memory=torch.cuda.is_available(), drop_last=True,
@@ -300,9 +286,7 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
         if cfg.log.sample_every and step % cfg.log.sample_every == 0:
             _sample_grid(cfg, ema, transport, run_dir, step, accelerator)
     bar.close()
-    skipped = getattr(dataset, "skipped", None)  # filled in this process when data.num_workers=0
-    if skipped:
-        log(f"{len(skipped)} unreadable image(s) skipped: " + ", ".join(str(s.path) for s in skipped[:10]))
+    preflight.report_skipped(dataset, log=log)
     accelerator.end_training()
     return run_dir
 

@@ -1,0 +1,263 @@
+"""Output paths, devices, NaN guards, locks and damaged model folders: one line, exit code 2, before any work,
+and no file created, deleted or changed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+from vit5_sit.checks import OutputLock, UsageError, output_file, output_folder, parse_device
+from vit5_sit.config import load_config, save_config
+from vit5_sit.models import create_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=2"]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"robust_{name}", ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sample = _script("sample")
+eval_fid = _script("eval_fid")
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def _fails(main, argv, capsys) -> str:
+    """main(argv) exits 2 printing exactly one 'error:' line, no traceback; returns the line."""
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse: usage, then one error line
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if "error:" in line]
+    assert rc == 2, err
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err), err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    cfg = load_config(None, TINY)
+    torch.manual_seed(0)
+    model = create_model(cfg.model_config())
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "ema.safetensors"))
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The shared helper.
+
+def test_output_checks_create_nothing(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    before = _tree(tmp_path)
+    with pytest.raises(UsageError, match="is a folder"):
+        output_file(tmp_path / "adir", "--out")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        output_file(tmp_path / "afile" / "deeper" / "x.npz", "--out")
+    with pytest.raises(UsageError, match="is a file, not a folder; give a folder"):
+        output_folder(tmp_path / "afile", "--out")
+    output_file(tmp_path / "new" / "sub" / "x.png", "--out")  # a missing folder is fine: created on write
+    output_folder(tmp_path / "new2", "--out")
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: the case cannot be made as root")
+def test_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(UsageError, match="cannot write in"):
+            output_file(ro / "x.png", "--out")
+    finally:
+        ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("text, message", [("foo", "not a device"), ("cuda:x", "not a device"),
+                                           ("meta", "unsupported device type")])
+def test_bad_devices(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_device(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu():
+    with pytest.raises(UsageError, match="no CUDA GPU is available.*--device cpu"):
+        parse_device("cuda")
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    out = tmp_path / "s.npz"
+    first = OutputLock(out).acquire()
+    with pytest.raises(UsageError, match=f"another run \\(process {os.getpid()} on"):
+        OutputLock(out).acquire()
+    first.release()
+    assert not (tmp_path / "s.npz.lock").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "s.npz.lock").write_text(f"{socket.gethostname()} {dead.pid}\n")
+    with OutputLock(out):  # a killed run's lock is taken over
+        assert (tmp_path / "s.npz.lock").read_text().split()[1] == str(os.getpid())
+    assert not (tmp_path / "s.npz.lock").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sample.py
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "{tmp}/adir"], "expected a .png grid or a .npz"),
+    (["--out", "{tmp}/adir.png"], "is a folder"),
+    (["--out", "{tmp}/afile/x.png"], "afile is a file, not a folder"),
+    (["--out", "{tmp}/x.png", "--save-images", "{tmp}/afile"], "--save-images"),
+    (["--out", "{tmp}/x.png", "--cfg-scale", "nan"], "--cfg-scale: must be a finite number"),
+    (["--out", "{tmp}/x.png", "--cfg-scale", "inf"], "--cfg-scale: must be a finite number"),
+    (["--out", "{tmp}/x.png", "--cfg-scale", "-2"], "--cfg-scale -2: must be >= 0"),
+    (["--out", "{tmp}/x.png", "--guidance-interval", "nan", "1"], "--guidance-interval"),
+    (["--out", "{tmp}/x.png", "--device", "foo"], "--device foo: not a device"),
+])
+def test_sample_bad_outputs_and_values(tmp_path, capsys, model_dir, args, message):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.png").mkdir()
+    before = _tree(tmp_path)
+    line = _fails(sample.main, ["--ckpt", model_dir, *[a.format(tmp=tmp_path) for a in args]], capsys)
+    assert message in line, line
+    assert _tree(tmp_path) == before
+
+
+def test_second_sampling_run_on_the_same_out_is_refused(tmp_path, capsys, model_dir):
+    out = tmp_path / "s.npz"
+    lock = OutputLock(out).acquire()  # another run is writing s.npz
+    try:
+        line = _fails(sample.main, ["--ckpt", model_dir, "--out", out, "--num-samples", 2, "--no-progress"], capsys)
+        assert "another run" in line and "s.npz" in line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npz.lock"]
+    finally:
+        lock.release()
+    assert sample.main(["--ckpt", str(model_dir), "--out", str(out), "--num-samples", "2", "--no-progress"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npz", "s.npz.json"]  # lock released
+
+
+def _damaged_copy(model_dir: Path, tmp_path: Path, damage: str) -> Path:
+    folder = tmp_path / f"model-{damage}"
+    folder.mkdir()
+    (folder / "config.yaml").write_bytes((model_dir / "config.yaml").read_bytes())
+    state = load_file(str(model_dir / "ema.safetensors"))
+    if damage == "nan":
+        key = next(k for k in state if "blocks.0.attn.qkv" in k)
+        state[key] = state[key].clone()
+        state[key][0, 0] = float("nan")
+    elif damage == "shape":
+        key = next(k for k in state if k.endswith("mlp.fc1.weight"))
+        state[key] = torch.zeros(3, 3)
+    if damage == "header":
+        (folder / "ema.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    else:
+        save_file(state, str(folder / "ema.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("nan", "hold NaN or inf (blocks.0.attn.qkv"),
+    ("shape", "wrong shapes: ['blocks.0.mlp.fc1.weight (3, 3)"),
+    ("header", "not a readable safetensors file"),
+])
+def test_damaged_model_folder_is_one_line(tmp_path, capsys, model_dir, damage, message):
+    folder = _damaged_copy(model_dir, tmp_path, damage)
+    before = _tree(tmp_path)
+    line = _fails(sample.main, ["--ckpt", folder, "--out", tmp_path / "x.png"], capsys)
+    assert line.startswith("error: --ckpt:") and message in line and "ema.safetensors" in line, line
+    assert _tree(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------------------------
+# eval_fid.py
+
+def _samples_npz(path: Path, n: int = 4) -> Path:
+    np.savez(path, arr_0=np.random.default_rng(0).integers(0, 255, (n, 8, 8, 3), dtype=np.uint8))
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ref", "--data", "{tmp}/s.npz", "--out", "{tmp}/adir"], "--out {tmp}/adir: is a folder"),
+    (["ref", "--data", "{tmp}/s.npz", "--out", "{tmp}/afile/r.npz"], "afile is a file"),
+    (["ref", "--data", "{tmp}/one", "--out", "{tmp}/r.npz"], "holds 1 image"),
+    (["calc", "--samples", "{tmp}/s.npz", "--ref", "{tmp}/s.npz", "--json", "{tmp}/adir"], "--json"),
+    (["calc", "--samples", "{tmp}/s.npz", "--ref", "{tmp}/nan_ref.npz"], "nan_ref.npz: its mu holds NaN"),
+    (["calc", "--samples", "{tmp}/s.npz", "--ref", "{tmp}/s.npz", "--device", "foo"], "--device foo"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/afile"], "--out {tmp}/afile: is a file"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--cfg-scale", "nan"], "--cfg-scale"),
+])
+def test_eval_bad_outputs_and_references(tmp_path, capsys, argv, message):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "one").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "one" / "0.png")
+    _samples_npz(tmp_path / "s.npz")
+    np.savez(tmp_path / "nan_ref.npz", mu=np.full(2048, np.nan), sigma=np.eye(2048))
+    before = _tree(tmp_path)
+    line = _fails(eval_fid.main, [a.format(tmp=tmp_path) for a in argv], capsys)
+    assert message.format(tmp=tmp_path) in line, line
+    assert _tree(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------------------------
+# python -m vit5_sit.data
+
+@pytest.mark.parametrize("argv, message", [
+    (["mnist", "{tmp}/afile"], "OUT_DIR {tmp}/afile: is a file"),
+    (["mnist", "{tmp}/afile/sub"], "afile is a file, not a folder"),
+    (["encode", "--data", "{tmp}", "--out", "{tmp}/afile"], "--out {tmp}/afile: is a file"),
+    (["encode", "--data", "{tmp}", "--out", "{tmp}/lat", "--device", "foo"], "--device foo"),
+])
+def test_data_cli_bad_outputs(tmp_path, capsys, argv, message):
+    from vit5_sit.data.__main__ import main
+
+    (tmp_path / "afile").write_text("x")
+    before = _tree(tmp_path)
+    line = _fails(main, [a.format(tmp=tmp_path) for a in argv], capsys)
+    assert message.format(tmp=tmp_path) in line, line
+    assert _tree(tmp_path) == before
+
+
+def test_cli_exit_code_in_a_real_process(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--out", str(tmp_path), "--device", "foo"],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --out")
+
+
+def test_official_file_with_a_pickle_payload_is_one_line(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": Payload()}, path)
+    line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-T/2", "--out", tmp_path / "x.png"], capsys)
+    assert "evil.pt: cannot read it as a PyTorch checkpoint with weights_only=True" in line
+    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,224 @@
+"""Training faults found before the first step: one named line, exit code 2, nothing created, deleted or changed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit5_sit.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+        "log.tracker=none", "log.sample_every=0", "data.num_workers=0", "train.ckpt_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def _reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def _images(root: Path, classes: int = 2, per_class: int = 4, size: int = 8) -> Path:
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}/{i}.png")
+    return root
+
+
+def _overrides(out: Path, data: Path, name: str = "r", steps: int = 2) -> list[str]:
+    return [*TINY, f"output_dir={out}", f"name={name}", "data.kind=images", f"data.path={data}",
+            "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
+            f"train.max_steps={steps}"]
+
+
+def _train_cli():
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _fails(argv: list[str], capsys) -> str:
+    """Run train.py's main in-process; it must exit 2 with one 'error: ...' line. Returns that line."""
+    _reset_accelerate()
+    rc = _train_cli()(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert rc == 2, err
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err), err
+    return errors[0]
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file and folder under root with a digest of its bytes: to compare before and after."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def _run(argv: list[str], capsys) -> str:
+    _reset_accelerate()
+    assert _train_cli()(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_resume_auto_with_nothing_valid_refuses_and_changes_nothing(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    run = tmp_path / "runs" / "r"
+    _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
+    for meta in run.glob("checkpoints/step_*/meta.json"):
+        meta.unlink()  # every description lost, the weights intact
+    before = _tree(run)
+    line = _fails([*_overrides(tmp_path / "runs", data, steps=6), "--resume", "auto"], capsys)
+    assert "none of the 2 checkpoint(s)" in line and "step_0000004: " in line and "step_0000002: " in line
+    assert "no meta.json" in line and "name=" in line and "Nothing was changed" in line
+    assert _tree(run) == before  # byte-identical: nothing deleted, rewritten or added
+
+
+def test_resume_auto_skips_a_damaged_newest_and_cleans_a_stale_temp_folder(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    run = tmp_path / "runs" / "r"
+    _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
+    (run / "checkpoints/step_0000004/meta.json").write_text("[]")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = run / f"checkpoints/.step_0000006.tmp-{dead.pid}"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    out = _run([*_overrides(tmp_path / "runs", data, steps=4), "--resume", "auto"], capsys)
+    assert "skipping checkpoint step_0000004" in out and "malformed" in out
+    assert "resumed from" in out and "step_0000002" in out
+    assert not stale.exists() and "unfinished checkpoint write" in out
+    assert any(".invalid-" in p.name for p in (run / "checkpoints").iterdir())  # the damaged one kept aside
+
+
+@pytest.mark.parametrize("change, fields", [
+    (["model.depth=2"], ["model.depth: 1 in config.yaml, 2 now"]),
+    (["model.preset=SiT-T/2"], ["model.norm", "model.qk_norm"]),
+    (["train.global_batch_size=8"], ["train.global_batch_size: 4 in config.yaml, 8 now"]),
+    (["train.seed=3"], ["train.seed"]),
+])
+def test_resume_with_other_settings_names_the_fields(tmp_path, capsys, change, fields):
+    data = _images(tmp_path / "data")
+    run = tmp_path / "runs" / "r"
+    _run(_overrides(tmp_path / "runs", data), capsys)
+    before = _tree(run)
+    line = _fails([*_overrides(tmp_path / "runs", data, steps=4), *change, "--resume", "auto"], capsys)
+    assert "resuming with other settings" in line and all(f in line for f in fields), line
+    assert _tree(run) == before  # config.yaml not overwritten
+
+
+def test_resume_may_change_the_schedule(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    _run(_overrides(tmp_path / "runs", data), capsys)
+    out = _run([*_overrides(tmp_path / "runs", data, steps=4), "train.lr=5e-4", "train.grad_accum=2",
+                "--resume", "auto"], capsys)
+    assert "resumed from" in out
+    assert load_config(tmp_path / "runs/r/config.yaml").train.lr == 5e-4
+
+
+@pytest.mark.parametrize("setup, extra, message", [
+    ("two_classes", ["model.num_classes=1"], "has 2 classes but model.num_classes=1"),
+    ("two_classes", ["log.sample_every=2", "log.sample_classes=[0,5]"], "log.sample_classes=[0, 5]"),
+    ("two_classes", ["model.input_size=16"], "model.in_channels=3 model.input_size=8"),
+    ("unreadable", [], "none of the 3 images"),
+    ("no_images", [], "no images found"),
+])
+def test_a_failed_start_leaves_no_run_folder(tmp_path, capsys, setup, extra, message):
+    data = tmp_path / "data"
+    if setup == "two_classes":
+        _images(data)
+    elif setup == "unreadable":
+        (data / "a").mkdir(parents=True)
+        for i in range(3):
+            (data / "a" / f"{i}.png").write_bytes(b"\x89PNG not an image " + bytes([i]))
+    else:
+        (data / "a").mkdir(parents=True)
+    before = _tree(tmp_path)
+    line = _fails([*_overrides(tmp_path / "runs", data), *extra], capsys)
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()
+    assert _tree(tmp_path) == before
+
+
+def test_run_folder_under_a_file_fails_before_any_compute(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    (tmp_path / "afile").write_text("not a folder")
+    before = _tree(tmp_path)
+    line = _fails(_overrides(tmp_path / "afile", data), capsys)
+    assert "afile is a file, not a folder" in line
+    assert _tree(tmp_path) == before
+
+
+def test_checkpoints_path_that_is_a_file(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    (tmp_path / "runs/r").mkdir(parents=True)
+    (tmp_path / "runs/r/checkpoints").write_text("oops")
+    before = _tree(tmp_path)
+    line = _fails(_overrides(tmp_path / "runs", data), capsys)
+    assert "checkpoints is a file" in line
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
+                    reason="root writes into read-only folders: the chmod case cannot be made as root")
+def test_read_only_output_dir(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        line = _fails(_overrides(ro, data), capsys)
+        assert "cannot write in" in line and str(ro) in line
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_low_free_space_is_a_warning_before_the_first_step(tmp_path, monkeypatch):
+    import shutil as _shutil
+
+    from vit5_sit.train import preflight
+
+    cfg = load_config(None, [*TINY, f"output_dir={tmp_path}"])
+    usage = _shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    logs = []
+    preflight.check_run_folder(cfg, log=logs.append)
+    assert len(logs) == 1 and "GiB free" in logs[0] and "each checkpoint takes about" in logs[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_unreadable_files_are_reported_once_with_workers_and_summarised(tmp_path):
+    data = _images(tmp_path / "data", per_class=6)
+    bad = data / "class0" / "truncated.png"
+    good = (data / "class0" / "0.png").read_bytes()
+    bad.write_bytes(good[: len(good) // 2])  # passes the header, fails to decode
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *_overrides(tmp_path / "runs", data, steps=8),
+                          "data.num_workers=2", "train.ckpt_every=8"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr
+    both = res.stdout + res.stderr
+    assert both.count("skipping unreadable image") == 1, both  # once, not once per worker
+    assert "1 unreadable image(s) skipped during the run: class0/truncated.png" in both

@@ -1,0 +1,164 @@
+"""Checks shared by the command-line tools, before any work: output paths, devices, finite numbers, locks.
+
+Every check raises `UsageError` with one line naming the flag, the value and the fix; each CLI prints it
+as ``error: ...`` and exits with code 2. Only the standard library is imported at the top (``--help`` stays
+fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot work; the message names the flag and the fix."""
+
+
+def writable_folder(folder: str | Path, what: str) -> Path:
+    """The nearest existing folder at or above ``folder``, after a probe file was created and removed in it.
+
+    Raises UsageError (starting with ``what``, e.g. "--out x.png") when a path on the way is a file or that
+    folder cannot be written. Nothing stays behind: a missing ``folder`` is created later, by whoever writes into it.
+    """
+    folder = Path(folder)
+    probe_dir = folder
+    while not probe_dir.exists() and probe_dir.parent != probe_dir:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise UsageError(f"{what}: {probe_dir} is a file, not a folder; choose another location")
+    probe = probe_dir / f".write-probe-{socket.gethostname()}-{os.getpid()}"  # unique on a shared filesystem
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"{what}: cannot write in {probe_dir} ({e.strerror or e}); choose a writable "
+                         "location") from None
+    return probe_dir
+
+
+def output_file(path: str | Path, flag: str) -> Path:
+    """An output file path that can be written: not a folder, its folder writable (or creatable)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name, e.g. {path / 'out'}")
+    writable_folder(path.parent, f"{flag} {path}")
+    return path
+
+
+def output_folder(path: str | Path, flag: str) -> Path:
+    """An output folder that can be written: an existing folder, or one that can be created."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder")
+    writable_folder(path, f"{flag} {path}")
+    return path
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def parse_device(text: str | None, flag: str = "--device"):
+    """A torch.device that exists on this machine (None stays None: the tool's default)."""
+    import torch
+
+    if text is None:
+        return None
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{flag} {text}: not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"{flag} {text}: no CUDA GPU is available on this machine; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"{flag} {text}: this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})")
+    elif device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UsageError(f"{flag} {text}: MPS is not available on this machine; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"{flag} {text}: unsupported device type {device.type!r}; use cpu or cuda")
+    return device
+
+
+class OutputLock:
+    """``OUT.lock``, held while one process writes ``OUT``: a second run on the same output is refused.
+
+    The lock file holds ``host pid``; a lock left by a process that is gone (killed) on this host is taken
+    over. ``acquire`` raises UsageError naming the holder.
+    """
+
+    def __init__(self, out: str | Path, flag: str = "--out") -> None:
+        out = Path(out)
+        self.path, self.flag, self.out, self.held = out.with_name(out.name + ".lock"), flag, out, False
+
+    def acquire(self) -> OutputLock:
+        me = f"{socket.gethostname()} {os.getpid()}"
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None:  # stale: its writer is gone
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise UsageError(f"{self.flag} {self.out}: another run (process {holder}) is writing it; wait "
+                                 f"for it to finish or choose another {self.flag} (if none is running, delete "
+                                 f"{self.path})") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(me + "\n")
+            self.held = True
+            return self
+        raise UsageError(f"{self.flag} {self.out}: could not take the lock {self.path}")
+
+    def _holder(self) -> str | None:
+        """'host pid' of a live holder, or None when the lock is stale."""
+        try:
+            host, pid = self.path.read_text().split()
+            pid_n = int(pid)
+        except (OSError, ValueError):
+            return "unknown"  # being written right now, or unreadable: treat as held
+        if host == socket.gethostname() and not process_alive(pid_n):
+            return None
+        return f"{pid} on {host}"
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: torch.load's weights-only refusal, for one, runs to 20 lines."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (someone else's counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,13 +1,14 @@
-"""Training-step cost of model presets: forward+backward throughput and peak memory, side by side.
+"""Training-step and inference cost of model presets, side by side: forward+backward and no-grad forward.
 
-The target (issue 2): a ViT-5 model costs at most 1.10x the step time of the vanilla SiT model of the same
-size. Steps of the models are interleaved (A, B, A, B, ...) and the median is reported, so a machine shared
-with other jobs slows all models alike. On the CPU the table also gives the process CPU time per step,
-which waiting for a busy core does not inflate (with --threads 1 it is the compute time of the step).
+The target (issue 13): a ViT-5 model costs at most 1.05x the time of the vanilla SiT model of the same
+size, in training and inference. Steps of the models are interleaved (A, B, A, B, ...) and the median is
+reported, so a machine shared with other jobs slows all models alike. On the CPU the table also gives the
+process CPU time per step, which waiting for a busy core does not inflate (with --threads 1 it is the
+compute time of the step).
 Peak memory is measured separately, one model per spawned process: on CUDA `max_memory_allocated`, on
 the CPU the growth of the process's peak resident memory (weights, gradients and activations of a step).
 
-    python benchmarks/bench_models.py --presets SiT-T/2 ViT5-T/2 --batch-size 8 --input-size 32 --iters 10
+    python benchmarks/bench_models.py --presets SiT-T/4 ViT5-T/4 --batch-size 64 --channels 1 --iters 10 --threads 1
     python benchmarks/bench_models.py --presets SiT-S/2 ViT5-S/2 --batch-size 8 --iters 6 --threads 1
     python benchmarks/bench_models.py --presets SiT-XL/2 ViT5-XL/2 --batch-size 32 --bf16 --compile  # GPU
 """
@@ -34,7 +35,8 @@ WARMUP = 2  # untimed steps per model (the first compiles with --compile)
 
 def build(name: str, args: argparse.Namespace):
     torch.manual_seed(0)
-    model = create_model(name, input_size=args.input_size).to(args.device).train()
+    channels = {"in_channels": args.channels} if args.channels else {}
+    model = create_model(name, input_size=args.input_size, **channels).to(args.device).train()
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(args.batch_size, cfg.in_channels, args.input_size, args.input_size, generator=gen)
@@ -54,6 +56,18 @@ def train_step(model, step_model, batch, args: argparse.Namespace) -> None:
     model.zero_grad(set_to_none=True)
     if args.device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def infer_step(model, step_model, batch, args: argparse.Namespace) -> None:
+    """A no-grad forward in eval mode (one sampler step's network evaluation)."""
+    bf16 = torch.autocast(args.device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    with torch.no_grad(), bf16:
+        step_model(*batch)
+    if args.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+STEPS = {"train": train_step, "infer": infer_step}
 
 
 def _proc_status_kib(field: str) -> int:
@@ -113,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="model presets (python -m vit5_sit.models lists them)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--input-size", type=int, default=32, help="input height = width (32: 256px latents)")
+    parser.add_argument("--channels", type=int, default=None, help="input channels (default: the preset's, 4)")
+    parser.add_argument("--modes", nargs="+", default=["train", "infer"], choices=list(STEPS),
+                        help="train: forward+backward; infer: no-grad forward in eval mode")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes (faster)")
     parser.add_argument("--iters", type=int, default=10, help="timed steps per model")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--compile", action="store_true", help="torch.compile the models")
@@ -128,39 +146,48 @@ def main(argv: list[str] | None = None) -> None:
     args.threads = torch.get_num_threads()
 
     models = {name: build(name, args) for name in args.presets}
-    times: dict[str, list[float]] = {name: [] for name in args.presets}
-    cpu_times: dict[str, list[float]] = {name: [] for name in args.presets}
+    keys = [(mode, name) for mode in args.modes for name in args.presets]
+    times: dict[tuple, list[float]] = {key: [] for key in keys}
+    cpu_times: dict[tuple, list[float]] = {key: [] for key in keys}
     for i in range(WARMUP + args.iters):
-        for name, (model, step_model, batch) in models.items():
+        for mode, name in keys:  # interleaved: every model and mode once per round
+            model, step_model, batch = models[name]
+            model.train(mode == "train")
             start, cpu_start = time.perf_counter(), time.process_time()
-            train_step(model, step_model, batch, args)
+            STEPS[mode](model, step_model, batch, args)
             if i >= WARMUP:
-                times[name].append(time.perf_counter() - start)
-                cpu_times[name].append(time.process_time() - cpu_start)
+                times[mode, name].append(time.perf_counter() - start)
+                cpu_times[mode, name].append(time.process_time() - cpu_start)
     del models
-    memory = {name: measure_memory(name, args) for name in args.presets}
+    memory = {name: math.nan if args.no_memory or "train" not in args.modes else measure_memory(name, args)
+              for name in args.presets}
 
     device = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else (
         f"cpu, {args.threads} threads")
+    channels = args.channels or model_config(args.presets[0]).in_channels
     print(f"device: {device}; torch {torch.__version__}; batch {args.batch_size}, input {args.input_size}x"
-          f"{args.input_size}; {'bf16 autocast' if args.bf16 else 'fp32'}; "
-          f"{'compiled' if args.compile else 'eager'}; median of {args.iters} steps (forward+backward)")
+          f"{args.input_size}x{channels}; {'bf16 autocast' if args.bf16 else 'fp32'}; "
+          f"{'compiled' if args.compile else 'eager'}; median of {args.iters} interleaved rounds "
+          "(train: forward+backward; infer: no-grad forward)")
     cpu = args.device.type == "cpu"
-    columns = ["preset", "params", "GFLOPs", "step ms", "images/s", "peak MiB", "time / vanilla"]
+    columns = ["preset", "mode", "params", "GFLOPs", "ms", "images/s", "peak MiB", "time / vanilla"]
     if cpu:
         columns += ["CPU ms", "CPU / vanilla"]
     print("| " + " | ".join(columns) + " |")
-    print("|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|")
-    wall = {name: statistics.median(ts) for name, ts in times.items()}
-    proc = {name: statistics.median(ts) for name, ts in cpu_times.items()}
-    for name in args.presets:
-        base = vanilla_of(name)
-        params = count_params(model_config(name, input_size=args.input_size))
-        row = [name, f"{params / 1e6:.2f}M", f"{count_flops(name, args.input_size) / 1e9:.2f}",
-               f"{wall[name] * 1e3:.1f}", f"{args.batch_size / wall[name]:.1f}", f"{memory[name]:.0f}",
-               f"{wall[name] / wall[base]:.3f}x" if base in wall else ""]
+    print("|" + "|".join(["---", "---"] + ["---:"] * (len(columns) - 2)) + "|")
+    wall = {key: statistics.median(ts) for key, ts in times.items()}
+    proc = {key: statistics.median(ts) for key, ts in cpu_times.items()}
+    for mode, name in keys:
+        base = (mode, vanilla_of(name))
+        params = count_params(model_config(name, input_size=args.input_size, in_channels=channels))
+        flops = count_flops(model_config(name, input_size=args.input_size, in_channels=channels))
+        mem = f"{memory[name]:.0f}" if mode == "train" and not math.isnan(memory[name]) else ""
+        row = [name, mode, f"{params / 1e6:.2f}M", f"{flops / 1e9:.2f}", f"{wall[mode, name] * 1e3:.1f}",
+               f"{args.batch_size / wall[mode, name]:.1f}", mem,
+               f"{wall[mode, name] / wall[base]:.3f}x" if base in wall else ""]
         if cpu:
-            row += [f"{proc[name] * 1e3:.1f}", f"{proc[name] / proc[base]:.3f}x" if base in proc else ""]
+            row += [f"{proc[mode, name] * 1e3:.1f}",
+                    f"{proc[mode, name] / proc[base]:.3f}x" if base in proc else ""]
         print("| " + " | ".join(row) + " |")
 
 

@@ -8,12 +8,16 @@ guidance (one batched conditional + unconditional forward per step), model only 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from vit5_sit.models import create_model, model_config
-from vit5_sit.transport import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, not another installed copy
+
+from vit5_sit.models import create_model, model_config  # noqa: E402
+from vit5_sit.transport import (  # noqa: E402
     ClassifierFreeGuidance,
     SamplerConfig,
     StackedRandomGenerator,

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # The GPU benchmark, sized to finish in under 8 minutes on one H100/H200: training throughput and MFU of
-# SiT-XL/2 and ViT5-XL/2 in bf16, eager and compiled, and sampling images/s. Needs torch, einops,
-# safetensors, torchdiffeq (no diffusers / torch-fidelity). Record the printed tables in benchmarks/README.md.
+# SiT-XL/2 and ViT5-XL/2 in bf16, eager and compiled (bench_train.py names the SDPA backend), the ViT-5 / vanilla
+# time ratio of a training step and of inference (bench_models.py, interleaved), and sampling images/s.
+# Needs torch, einops, safetensors, torchdiffeq (nothing here imports diffusers or torch-fidelity).
+# Record the printed tables in benchmarks/README.md; the last lines repeat every ViT-5 / vanilla ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD
+LOG=${LOG:-$(mktemp /tmp/run_gpu.XXXXXX.log)}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+{
 python benchmarks/bench_train.py --size XL --patch 2 --batch-size 64 --precisions bf16 --modes eager,compiled \
     --iters 10 --warmup 3
+python benchmarks/bench_models.py --presets SiT-XL/2 ViT5-XL/2 --batch-size 64 --bf16 --iters 10 --no-memory
 python benchmarks/bench_sample.py --size XL --patch 2 --batch-size 128 --steps 50 --bf16 --modes eager,compiled
+} 2>&1 | tee "$LOG"
+echo "== ViT-5 / vanilla time ratios (train step: bench_train, bench_models; sampling: bench_sample) =="
+grep -E '^\| (ViT5-XL/2|eager|compiled) ' "$LOG" || true

@@ -228,11 +228,72 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 def rms_norm(x: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dimension, in x's dtype (callers pass float32)."""
+    """x / sqrt(mean(x^2) + eps) over the last dimension, in x's dtype (callers pass float32).
+
+    The plain differentiable form: what torch.compile fuses, and the reference `norm_rotate` matches."""
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), eps=eps)  # a fused kernel
     # On the CPU F.rms_norm runs as pow, mean, add, rsqrt, mul; one vector_norm reduction is faster.
     return x * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+
+
+class _NormRotate(torch.autograd.Function):
+    """y = rotate(rms_norm(x) * weight) in float32, returned in x's dtype, with a hand-written backward.
+
+    Autograd through the plain ops saves several float32 tensors and runs ~10 elementwise kernels in the
+    backward pass (most of ViT-5's extra cost over LayerNorm on a CPU); here the backward is
+    dx = r * (g' - x_hat * mean(g' * x_hat)) with g' = weight * rotate^-1(g), from the saved x_hat and r.
+    weight broadcasts against x (None: no weight); rot (T, C/2) complex rotates channel pairs (None: none).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, rot, eps):
+        xf = x.float()
+        r = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        x_hat = xf * r
+        y = x_hat if weight is None else x_hat * weight.float()
+        if rot is not None:
+            y = torch.view_as_real(torch.view_as_complex(y.unflatten(-1, (-1, 2))) * rot).flatten(-2)
+        ctx.save_for_backward(x_hat, r, weight, rot)
+        ctx.dtypes = x.dtype, None if weight is None else weight.dtype
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_hat, r, weight, rot = ctx.saved_tensors
+        g = grad.float()
+        if rot is not None:  # the inverse rotation: multiply by the conjugate
+            pairs = g.unflatten(-1, (-1, 2))
+            if pairs.stride(-1) != 1 or any(st % 2 for st in pairs.stride()[:-1]):  # e.g. an expanded grad
+                pairs = pairs.contiguous()
+            g = torch.view_as_real(torch.view_as_complex(pairs) * rot.conj()).flatten(-2)
+        grad_weight = None
+        if weight is not None:
+            if ctx.needs_input_grad[1]:
+                grad_weight = (g * x_hat).sum_to_size(weight.shape).to(ctx.dtypes[1])
+            g = g * weight.float()
+        mean = torch.linalg.vecdot(g, x_hat, dim=-1).unsqueeze_(-1).div_(x_hat.shape[-1])
+        grad_x = torch.addcmul(g, x_hat, mean, value=-1).mul_(r)
+        return grad_x.to(ctx.dtypes[0]), grad_weight, None, None
+
+
+def norm_rotate(x: torch.Tensor, weight: torch.Tensor | None = None, rope: Rope | None = None,
+                eps: float = NORM_EPS) -> torch.Tensor:
+    """RMSNorm of x over its last dimension in float32, times weight (broadcast; None = 1), then RoPE
+    (None = none); the result in x's dtype. One call for a pre-norm and for QK-norm + RoPE of q and k.
+
+    Eager on the CPU: one fused autograd function (`_NormRotate`). On CUDA and under torch.compile: the plain
+    differentiable ops (CUDA's fused rms_norm kernel; the compiler fuses the rest, and has no complex code
+    generation for the eager rotation)."""
+    if x.is_cuda or torch.compiler.is_compiling():
+        y = rms_norm(x.float(), eps)
+        if weight is not None:
+            y = y * weight.float()
+        return (y if rope is None else apply_rope(y, rope)).to(x.dtype)
+    rot = None
+    if rope is not None:
+        rot = rope.rot if rope.rot is not None else torch.complex(rope.cos, rope.sin)
+    return _NormRotate.apply(x, weight, rot, eps)
 
 
 class RMSNorm(nn.Module):
@@ -248,11 +309,9 @@ class RMSNorm(nn.Module):
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = rms_norm(x.float(), self.eps)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        return y.to(x.dtype)
+    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        """x (..., dim) -> normalised (and, given `Rope` tables, rotated) x, in x's dtype."""
+        return norm_rotate(x, self.weight, rope, self.eps)
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
@@ -326,9 +385,9 @@ class Attention(nn.Module):
     weighted projections, and QK-norm works better without an additive bias); `qk_norm` (RMSNorm with a
     learnable per-channel weight over each head's q and k, before RoPE: it bounds the attention logits and
     removes the loss spikes of large models; `q_norm` and `k_norm` hold the weights, as in ViT-5's code);
-    RoPE, applied when the caller passes `Rope` tables. Normalisation and rotation run in float32 on q and
-    k together (fewer, larger ops: the two weights are applied as one stacked tensor); q and k then go back
-    to the compute dtype.
+    RoPE, applied when the caller passes `Rope` tables. With QK-norm, `q_norm` and `k_norm` each normalise,
+    weight and rotate in one fused call (`norm_rotate`) in float32; q and k then go back to the compute
+    dtype.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -342,20 +401,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, hd)
-        if self.q_norm is None and rope is None:
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
-        else:
-            qk, v = qkv.split([2, 1], dim=2)
-            qk = qk.float().permute(2, 0, 3, 1, 4)  # (2, B, H, T, hd)
-            v = v.squeeze(2).transpose(1, 2)  # (B, H, T, hd)
-            if self.q_norm is not None:
-                weight = torch.stack([self.q_norm.weight, self.k_norm.weight]).float()[:, None, None, None]
-                qk = qk * (torch.rsqrt(qk.square().mean(-1, keepdim=True) + self.q_norm.eps) * weight)
-            if rope is not None:
-                qk = apply_rope(qk, rope)
-            q, k = qk.to(v.dtype).unbind(0)  # each (B, H, T, hd)
-        x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
-        x = x.transpose(1, 2).reshape(B, T, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd), views of qkv (no copy)
+        if self.q_norm is not None:  # each one fused call: RMSNorm, weight and RoPE (None: no rotation)
+            q, k = self.q_norm(q, rope), self.k_norm(k, rope)
+        elif rope is not None:
+            q, k = apply_rope(q.float(), rope).to(v.dtype), apply_rope(k.float(), rope).to(v.dtype)
+        x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd), laid out (B, T, H, hd) in memory
+        x = x.transpose(1, 2).reshape(B, T, D)  # a view for SDPA's output layout
         return self.proj(x)
 
 

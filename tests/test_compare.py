@@ -154,7 +154,7 @@ def test_second_comparison_is_served_from_the_cache(runs, compared, tmp_path, mo
 def test_eval_fid_compare_cli(runs, compared, tmp_path, capsys):
     """`eval_fid.py compare` with the defaults for the rest: served from the same caches (part and batch
     sizes do not change the images), prints the table and writes the three files."""
-    spec = importlib.util.spec_from_file_location("eval_fid", ROOT / "eval_fid.py")
+    spec = importlib.util.spec_from_file_location("eval_fid", ROOT / "vit5_sit" / "cli" / "eval_fid.py")
     eval_fid = importlib.util.module_from_spec(spec)
     sys.modules["eval_fid"] = eval_fid
     spec.loader.exec_module(eval_fid)

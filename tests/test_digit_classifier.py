@@ -33,7 +33,7 @@ def test_per_class_correct():
 
 @pytest.mark.slow
 def test_demo_default_grid_draws_the_requested_digits(tmp_path):
-    spec = importlib.util.spec_from_file_location("sample", ROOT / "sample.py")
+    spec = importlib.util.spec_from_file_location("sample", ROOT / "vit5_sit" / "cli" / "sample.py")
     sample = importlib.util.module_from_spec(spec)
     sys.modules["sample"] = sample
     spec.loader.exec_module(sample)

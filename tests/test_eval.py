@@ -38,7 +38,7 @@ BATCH = 25
 
 
 def _load_cli():
-    spec = importlib.util.spec_from_file_location("eval_fid", ROOT / "eval_fid.py")
+    spec = importlib.util.spec_from_file_location("eval_fid", ROOT / "vit5_sit" / "cli" / "eval_fid.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -359,7 +359,9 @@ def test_cli_process_exit_code_and_message(tmp_path):
 
 def test_cli_ref_and_calc(inception, digits, tmp_path, capsys, monkeypatch):
     cli = _load_cli()
-    monkeypatch.setattr(cli, "load_inception", lambda weights, device: inception)  # reuse the session model
+    import vit5_sit.cli.eval_fid  # the CLI's code (eval_fid.py at the root only runs it)
+
+    monkeypatch.setattr(vit5_sit.cli.eval_fid, "load_inception", lambda weights, device: inception)  # reuse it
     np.savez(tmp_path / "real.npz", arr_0=digits[-8:-4])
     np.savez(tmp_path / "samples.npz", arr_0=digits[-4:], arr_1=np.zeros(4, np.int64))
     code = cli.main(["ref", "--data", str(tmp_path / "real.npz"), "--out", str(tmp_path / "ref.npz"),

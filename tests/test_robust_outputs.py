@@ -27,7 +27,7 @@ TINY = ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"robust_{name}", ROOT / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"robust_{name}", ROOT / "vit5_sit" / "cli" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

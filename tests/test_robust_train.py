@@ -53,7 +53,7 @@ def _overrides(out: Path, data: Path, name: str = "r", steps: int = 2) -> list[s
 
 
 def _train_cli():
-    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "vit5_sit" / "cli" / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main

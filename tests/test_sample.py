@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def load_script(name: str):
     """A CLI script at the repository root as a module (the root need not be on sys.path)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "vit5_sit" / "cli" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -166,7 +166,7 @@ def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
 
     out = tmp_path / "exported"
     assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "ema.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors"]  # + the model card
     exported_cfg = load_config(out / "config.yaml")
     assert exported_cfg.log.sample_cfg_scale == 2.0 and exported_cfg.train.max_steps == 20
     exported = load_file(str(out / "ema.safetensors"))

@@ -4,7 +4,8 @@ Accepted paths:
 - a run folder (``runs/NAME``, holding ``config.yaml`` and ``checkpoints/``): its newest valid checkpoint;
 - a checkpoint folder (``runs/NAME/checkpoints/step_0001000``): config from the run folder;
 - a model folder (``config.yaml`` beside ``ema.safetensors`` or ``model.safetensors``; the bundled demo);
-- an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model.
+- an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model;
+- a Hugging Face Hub repo id (``owner/name``, ``owner/name@revision``) holding a model folder (`vit5_sit.hub`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ def _weights_in(folder: Path, use_ema: bool) -> Path | None:
     return None
 
 
+def local_model_path(path: str | Path | None) -> Path:
+    """The path as given (None: the demo model), or for a Hub repo id its snapshot folder in the cache."""
+    if path is None:
+        return DEMO_MODEL
+    from vit5_sit.hub import parse_repo_spec, resolve_model_path
+
+    if Path(path).exists() or parse_repo_spec(str(path)) is None:
+        return Path(path)  # a missing path is reported by the caller
+    return resolve_model_path(path)
+
+
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """(folder holding the weights, config.yaml) for a run, checkpoint or model folder."""
     path = Path(path)
@@ -68,7 +80,7 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = Path(path) if path is not None else DEMO_MODEL
+    path = local_model_path(path)
     if path.is_file():
         if path.suffix not in (".pt", ".pth", ".bin"):
             raise ModelLoadError(f"{path}: expected an official SiT .pt file, or one of our folders")
@@ -139,7 +151,7 @@ def model_identity(path: str | Path | None = None, preset: str | None = None) ->
     run keeps it); other files by path, size and modification time."""
     import json
 
-    path = Path(path) if path is not None else DEMO_MODEL
+    path = local_model_path(path)
     if path.is_file():
         st = path.stat()
         return {"weights": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 IMAGENET_CLASSES_FILE = Path(__file__).parent / "assets" / "imagenet_classes.txt"
 IMAGENET_NUM_CLASSES = 1000
+DEFAULT_IMAGENET_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]  # DiT's sample.py grid
+MAX_GRID_CLASSES = 16  # a grid shows every class of a model with at most this many
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 _SAME_NAME = {134: "crane, the bird", 517: "crane, the machine"}  # one name, two classes, no other synonym
 
@@ -48,6 +50,16 @@ def class_label(class_id: int, num_classes: int) -> str:
     if num_classes == IMAGENET_NUM_CLASSES:
         return f"{class_id} {imagenet_name(class_id)}"
     return f"class {class_id}"
+
+
+def grid_classes(num_classes: int) -> list[int]:
+    """The rows of a grid when no classes are asked for: every class of models with at most
+    MAX_GRID_CLASSES, DiT's eight ImageNet classes, else the first eight."""
+    if num_classes <= MAX_GRID_CLASSES:
+        return list(range(num_classes))
+    if num_classes == IMAGENET_NUM_CLASSES:
+        return list(DEFAULT_IMAGENET_CLASSES)
+    return list(range(len(DEFAULT_IMAGENET_CLASSES)))
 
 
 def _name_index() -> dict[str, list[int]]:

@@ -2,9 +2,12 @@
 
     python -m vit5_sit.demo export runs/mnist-vit5                 # newest valid checkpoint -> assets/demo
     python -m vit5_sit.demo export runs/mnist-vit5 --out my_model  # any folder; sample.py --ckpt my_model
+    python -m vit5_sit.demo export runs/mnist-vit5 --out my_model --push me/vit5-mnist   # and upload it
 
-The folder holds ``config.yaml`` (the run's resolved config) and ``ema.safetensors`` in float16 (half the
-size; the model is cast back to float32 when loaded).
+The folder holds ``config.yaml`` (the run's resolved config), ``ema.safetensors`` in float16 (half the
+size; the model is cast back to float32 when loaded), ``README.md`` (a model card: preset, parameters,
+training, sampler defaults, and the metrics ``eval_fid.py compare`` measured for this checkpoint, also in
+``metrics.json``). ``--push`` uploads it to a Hugging Face Hub model repo (see `vit5_sit.hub`).
 """
 
 from __future__ import annotations
@@ -14,36 +17,34 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, resolve_checkpoint
-from vit5_sit.config import ConfigError, load_config, save_config
+from vit5_sit.config import ConfigError
 
 
 def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16,
-                 cfg_scale: float | None = None, sampler: list[str] | None = None) -> Path:
-    """Write ``out/config.yaml`` and ``out/ema.safetensors`` from a run or checkpoint folder.
+                 cfg_scale: float | None = None, sampler: list[str] | None = None,
+                 repo_id: str | None = None) -> Path:
+    """Write ``out/config.yaml``, ``out/ema.safetensors`` and the card ``out/README.md`` from a run or
+    checkpoint folder (``repo_id``: the Hub repo the card's examples name).
 
     The config is the run's with ``train.max_steps`` set to the exported checkpoint's step (the recipe that
-    reproduces these weights). ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by
-    default (stored as the config's ``log.sample_cfg_scale``); None keeps the run's. ``sampler``: overrides of
-    the config's sampler section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for
-    this model).
+    reproduces these weights); the card lists the metrics cached for that step by ``eval_fid.py compare``.
+    ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by default (stored as the
+    config's ``log.sample_cfg_scale``); None keeps the run's. ``sampler``: overrides of the config's sampler
+    section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for this model).
     """
+    from vit5_sit.hub import collect_metrics, config_at_step, read_metrics, write_model_folder
+
     folder, config_path = resolve_checkpoint(run_or_ckpt)
     overrides = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
     overrides += list(sampler or [])
-    if folder.parent.name == "checkpoints" and folder.name.startswith("step_"):
-        # The recipe of these weights: the run's config trained to this checkpoint's step.
-        overrides.append(f"train.max_steps={int(folder.name[len('step_'):])}")
-    cfg = load_config(config_path, overrides)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg = config_at_step(config_path, folder, overrides)
+    run = folder.parent.parent if folder.parent.name == "checkpoints" else None
+    metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
     ema = load_file(str(folder / "ema.safetensors"))
-    save_file({k: v.to(dtype).contiguous() for k, v in ema.items()}, str(out / "ema.safetensors"),
-              metadata={"source": str(folder)})
-    save_config(cfg, out / "config.yaml")
-    return out
+    return write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,16 +60,31 @@ def main(argv: list[str] | None = None) -> int:
                    "this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
     e.add_argument("--steps", type=int, default=None, help="sampler.steps (default: the run's)")
+    e.add_argument("--push", metavar="OWNER/NAME", default=None,
+                   help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
+    e.add_argument("--private", action="store_true", help="--push: create the repo as private")
     args = p.parse_args(argv)
+    from vit5_sit.hub import HubError, parse_repo_spec, push_folder
+
+    if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):
+        print(f"error: --push {args.push}: expected a Hub repo id OWNER/NAME, e.g. me/vit5-mnist", file=sys.stderr)
+        return 2
     method = args.method or ("euler" if args.sampler else None)  # as sample.py: a mode's own default method
     sampler = [f"sampler.{key}={value}" for key, value in
                (("mode", args.sampler), ("method", method), ("steps", args.steps)) if value is not None]
     try:
-        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler)
+        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push)
     except (ModelLoadError, ConfigError) as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.run} -> {out}")
+    if args.push is not None:
+        try:
+            url = push_folder(out, args.push, private=args.private or None)
+        except HubError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"pushed {out} -> {url}")
     return 0
 
 

@@ -46,6 +46,20 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).cpu().numpy()
 
 
+def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None, method: str | None = None,
+                     steps: int | None = None) -> SamplerConfig:
+    """A model's sampler (``base``: its config's, None = the defaults) with some settings changed; switching
+    ``mode`` without a ``method`` takes Euler, since the base's method belongs to the other mode."""
+    fields = dataclasses.asdict(base if base is not None else SamplerConfig())
+    if mode is not None and mode != fields["mode"]:
+        fields["mode"], fields["method"] = mode, "euler"
+    if method is not None:
+        fields["method"] = method
+    if steps is not None:
+        fields["steps"] = steps
+    return SamplerConfig(**fields)
+
+
 @torch.no_grad()
 def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
                   seeds: Sequence[int], *,
@@ -58,8 +72,9 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
                   device: torch.device | str = "cpu",
                   on_batch: Callable[[int], None] | None = None,  # called with each batch's image count
                   on_step: Callable[[], None] | None = None,  # called after each network evaluation
-                  ) -> np.ndarray:
-    """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3)."""
+                  as_float: bool = False,  # True: (N, C, H, W) float32 in [-1, 1] as decoded, not quantised
+                  ) -> np.ndarray | torch.Tensor:
+    """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images."""
     if len(classes) != len(seeds):
         raise ValueError(f"{len(classes)} classes but {len(seeds)} seeds: give one seed per image")
     device = torch.device(device)
@@ -92,24 +107,10 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
             from vit5_sit.data.vae import decode
 
             x = decode(vae, x)
-        out.append(to_uint8(x))
+        out.append(x.float().cpu() if as_float else to_uint8(x))
         if on_batch is not None:
             on_batch(len(batch_seeds))
-    return np.concatenate(out)
-
-
-def sampler_with_flags(base: SamplerConfig | None, mode: str | None = None, method: str | None = None,
-                       steps: int | None = None) -> SamplerConfig:
-    """A run's sampler (None: the defaults) with the CLI's --sampler/--method/--steps applied; ValueError if
-    the combination is invalid. Another mode resets the method to euler (the config's belongs to its mode)."""
-    fields = dataclasses.asdict(base if base is not None else SamplerConfig())
-    if mode is not None and mode != fields["mode"]:
-        fields.update(mode=mode, method="euler")
-    if method is not None:
-        fields["method"] = method
-    if steps is not None:
-        fields["steps"] = steps
-    return SamplerConfig(**fields)
+    return torch.cat(out) if as_float else np.concatenate(out)
 
 
 def steps_per_batch(sampler: SamplerConfig) -> int | None:

@@ -129,10 +129,10 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
     """The sampler of a comparison: the first run's configured sampler (as sample.py uses for that run) with
     the --sampler/--method/--steps flags applied. Returns (SamplerConfig, where it came from)."""
     from vit5_sit.config import ConfigError, load_config
-    from vit5_sit.generate import sampler_with_flags
+    from vit5_sit.generate import sampler_settings
 
     configs = []
-    for run in map(Path, runs):
+    for run in (_local_run(r)[0] for r in runs):
         if not run.is_dir():
             raise CompareError(f"{run}: no such run folder")
         if not (run / "config.yaml").is_file():
@@ -142,7 +142,7 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
         except ConfigError as e:
             raise CompareError(f"{run / 'config.yaml'}: {e}") from None
     try:
-        sampler = sampler_with_flags(configs[0], mode, method, steps)
+        sampler = sampler_settings(configs[0], mode, method, steps)
     except ValueError as e:
         raise CompareError(f"--sampler/--method/--steps: {e}") from None
     flags = [f for f, v in (("--sampler", mode), ("--method", method), ("--steps", steps)) if v is not None]
@@ -152,13 +152,37 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
     return sampler, source
 
 
+def _local_run(spec) -> tuple[Path, str | None]:
+    """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
+    the cache) as a model folder."""
+    from vit5_sit.checkpoint import ModelLoadError
+    from vit5_sit.hub import parse_repo_spec, resolve_model_path
+
+    if Path(spec).exists() or parse_repo_spec(str(spec)) is None:
+        return Path(spec), None
+    try:
+        return resolve_model_path(spec), str(spec)
+    except ModelLoadError as e:
+        raise CompareError(str(e)) from None
+
+
+def _is_model_folder(path: Path) -> bool:
+    """An exported model (config.yaml beside its weights, no checkpoints/): one checkpoint at its step."""
+    return (path / "config.yaml").is_file() and not (path / "checkpoints").is_dir() and any(
+        (path / name).is_file() for name in ("ema.safetensors", "model.safetensors"))
+
+
 def _run_checkpoints(run: Path, log, every: int | None = None) -> list:
-    from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+    from vit5_sit.config import load_config
+    from vit5_sit.train.checkpoint import Checkpoint, CheckpointError, list_checkpoints, verify_checkpoint
 
     if not run.is_dir():
         raise CompareError(f"{run}: no such run folder")
     if not (run / "config.yaml").is_file():
-        raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote")
+        raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote, "
+                           "a model folder or a Hub repo id")
+    if _is_model_folder(run):  # its config's train.max_steps is the step of these weights (see demo export)
+        return [Checkpoint(load_config(run / "config.yaml").train.max_steps, run)]
     found = []
     for ckpt in list_checkpoints(run):
         try:
@@ -187,7 +211,8 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                  every: int | None = None,        # only checkpoints at multiples of this step
                  ) -> list[dict]:
     """Evaluate every checkpoint of every run (or those at multiples of ``every``); write compare.md,
-    compare.json and fid_vs_step.png.
+    compare.json and fid_vs_step.png. A model folder or Hub repo id counts as a run of one checkpoint (at
+    its config's ``train.max_steps``), its samples cached under ``out_dir/eval/``.
 
     Collective under `accelerate launch`: the processes share the sampling; the main process evaluates
     and writes. Returns the rows (run, run_dir, step, metrics, skipped), also on the other processes
@@ -201,10 +226,11 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
     settings.sampler()  # a bad sampler setting fails here, before any work
-    runs = [Path(r) for r in runs]
     if not runs:
         raise CompareError("no runs given")
-    names = _run_names(runs)
+    repo_of = dict(_local_run(r) for r in runs)  # local folder -> Hub repo id (None: a local path)
+    runs = list(repo_of)
+    names = {run: repo_of[run] or name for run, name in _run_names(runs).items()}
     plan = [(run, names[run], _run_checkpoints(run, log, every)) for run in runs]
     evaluator = None
     if dist.is_main():
@@ -214,9 +240,11 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     rows = []
     for run, name, checkpoints in plan:
         cfg = load_config(run / "config.yaml")
+        # A model folder (a Hub snapshot: not ours to write into) keeps its cache under the output folder.
+        cache = Path(out_dir) / "eval" / name.replace("/", "--") if _is_model_folder(run) else None
         for ckpt in checkpoints:
             rows.append(evaluate_checkpoint(run, name, cfg, ckpt, settings, evaluator, device=device,
-                                            progress=progress, log=log))
+                                            progress=progress, log=log, cache=cache, shown_as=repo_of[run]))
     if dist.is_main():
         write_outputs(rows, Path(out_dir), settings, evaluator.key)
     dist.barrier()
@@ -224,7 +252,10 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
 
 
 def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettings, evaluator: _Evaluator | None,
-                        *, device, progress: bool = True, log=print) -> dict:
+                        *, device, progress: bool = True, log=print,
+                        cache: Path | None = None,     # where the samples are cached; None = RUN/eval
+                        shown_as: str | None = None,   # the row's run_dir (a Hub repo id); None = the folder
+                        ) -> dict:
     """Sample one checkpoint (cached in RUN/eval/<settings>/) and, on the main process, its metrics (cached).
 
     The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
@@ -235,7 +266,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     from vit5_sit.transport import Transport
 
     sampler = settings.sampler()
-    samples = run / "eval" / settings.tag() / f"{ckpt.path.name}.npz"
+    samples = (cache or run / "eval") / settings.tag() / f"{ckpt.path.name}.npz"
     options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
                    guidance_interval=tuple(settings.guidance_interval),
                    vae=cfg.data.vae if cfg.data.kind == "latents" else None,
@@ -249,7 +280,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
         sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress, device=device,
                       **options)
         del model
-    row = {"run": name, "run_dir": str(run), "step": ckpt.step, "samples": str(samples)}
+    row = {"run": name, "run_dir": shown_as or str(run), "step": ckpt.step, "samples": str(samples)}
     if dist.is_main():
         row.update(_cached_metrics(samples, manifest_path(samples), evaluator, log))
     return row

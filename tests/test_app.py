@@ -1,0 +1,129 @@
+"""The web demo (vit5_sit.app): started on a free localhost port and driven with gradio_client to produce a
+grid; localhost unless --host says otherwise; the library imports without Gradio."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from vit5_sit import app as demo_app
+from vit5_sit.config import load_config, save_config
+from vit5_sit.models import create_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["name=tiny-app", "model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=3", "log.sample_cfg_scale=2.0"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    cfg = load_config(None, TINY)
+    torch.manual_seed(0)
+    model = create_model(cfg.model_config())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "ema.safetensors"))
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # importing Gradio and starting its server: ~15 s
+def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
+    pytest.importorskip("gradio")
+    from gradio_client import Client
+
+    from vit5_sit.generate import save_labelled_grid
+    from vit5_sit.pipeline import Vit5SitPipeline
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    page = demo_app.build_app(str(model_dir), out_dir=tmp_path / "out")
+    port = _free_port()
+    page.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, ssr_mode=False, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        classes, guidance, sampler, method, steps, about = client.predict(str(model_dir), api_name="/load")
+        assert (classes, guidance, sampler, method, steps) == ("0-9", 2.0, "ode", "euler", 3)
+        assert "tiny-app" in about
+        grid, download, info = client.predict(str(model_dir), "1,4", 3, 2.5, 0.0, 1.0, "sde", "heun", 4, 7,
+                                              api_name="/generate")
+        assert "2 classes x 3 images, sde/heun 4 steps, guidance 2.5, seeds 7-12" in info
+        got = np.asarray(Image.open(grid))
+        assert np.array_equal(np.asarray(Image.open(download)), got)
+        # the same grid as the pipeline (and so sample.py) gives for these seeds and settings
+        pipe = Vit5SitPipeline.from_pretrained(model_dir)
+        images = pipe([1, 1, 1, 4, 4, 4], guidance_scale=2.5, sampler="sde", method="heun", num_inference_steps=4,
+                      seed=7).images
+        save_labelled_grid(np.stack([np.asarray(i) for i in images]), tmp_path / "want.png", 3,
+                           ["class 1", "class 4"])
+        assert np.array_equal(got, np.asarray(Image.open(tmp_path / "want.png")))
+        with pytest.raises(Exception, match="class id 99 out of range"):
+            client.predict(str(model_dir), "99", 1, 1.0, 0.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
+    finally:
+        page.close()
+
+
+def test_localhost_unless_host_is_given(model_dir, monkeypatch, capsys):
+    pytest.importorskip("gradio")
+    calls = []
+
+    class Page:
+        def launch(self, **kwargs):
+            calls.append(kwargs)
+
+    monkeypatch.setattr(demo_app, "build_app", lambda model: Page())
+    assert demo_app.main(["--model", str(model_dir)]) == 0
+    assert calls[-1]["server_name"] == "127.0.0.1" and calls[-1]["share"] is False
+    assert demo_app.main(["--host", "0.0.0.0", "--port", "8000"]) == 0
+    assert (calls[-1]["server_name"], calls[-1]["server_port"]) == ("0.0.0.0", 8000)
+    assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
+
+
+def test_bad_model_is_one_line(tmp_path, capsys):
+    pytest.importorskip("gradio")
+    assert demo_app.main(["--model", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --model: model {tmp_path / 'missing'}: no such file or folder: {tmp_path / 'missing'}"
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch
+def test_library_imports_and_app_explains_without_gradio():
+    code = ("import sys; sys.modules['gradio'] = None\n"
+            "import vit5_sit.app, vit5_sit.pipeline, vit5_sit.hub\n"
+            "sys.exit(vit5_sit.app.main([]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
+    assert proc.returncode == 2
+    want = "error: the web demo needs Gradio: pip install 'vit5-sit[app]' (or pip install gradio)"
+    assert proc.stderr.strip() == want
+
+
+def test_console_entry_points_import_and_answer_help():
+    """[project.scripts] in pyproject.toml: every target imports and its main() takes an argv list."""
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"vit5-sit-sample", "vit5-sit-train", "vit5-sit-eval", "vit5-sit-demo"}
+    for target in scripts.values():
+        module, _, func = target.partition(":")
+        main = getattr(importlib.import_module(module), func)
+        with pytest.raises(SystemExit) as exit_:
+            main(["--help"])
+        assert exit_.value.code == 0

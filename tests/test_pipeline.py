@@ -1,0 +1,175 @@
+"""Vit5SitPipeline: the same images as sample.py for the same seeds and settings, output types, seeds from a
+generator, ImageNet names, a latent model decoded by its VAE, and the bundled demo model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from vit5_sit.classes import ClassSpecError
+from vit5_sit.config import load_config, save_config
+from vit5_sit.models import create_model
+from vit5_sit.pipeline import Vit5SitPipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=3", "log.sample_cfg_scale=2.0"]
+
+
+def _model_dir(folder: Path, overrides: list[str]) -> Path:
+    cfg = load_config(None, overrides)
+    torch.manual_seed(0)
+    model = create_model(cfg.model_config())
+    with torch.no_grad():  # a fresh DiT outputs zeros (adaLN-Zero): perturb it so that classes differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_config(cfg, folder / "config.yaml")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "ema.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("model"), TINY)
+
+
+@pytest.fixture(scope="module")
+def pipe(model_dir) -> Vit5SitPipeline:
+    p = Vit5SitPipeline.from_pretrained(model_dir)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+@pytest.fixture(scope="module")
+def sample_cli():
+    spec = importlib.util.spec_from_file_location("sample", ROOT / "vit5_sit" / "cli" / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sample"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sample_py(sample_cli, tmp_path, *args) -> np.ndarray:
+    """sample.py's images (--save-images), in seed order."""
+    out = tmp_path / "imgs"
+    assert sample_cli.main([*map(str, args), "--out", str(tmp_path / "g.png"), "--save-images", str(out),
+                            "--no-progress"]) == 0
+    return np.stack([np.asarray(Image.open(p)) for p in sorted(out.glob("*.png"))])
+
+
+@pytest.mark.parametrize("flags, kwargs", [
+    ([], {}),                                                                  # the model config's defaults
+    (["--cfg-scale", "4", "--sampler", "sde", "--steps", "4", "--seed", "11"],
+     {"guidance_scale": 4.0, "sampler": "sde", "num_inference_steps": 4, "seed": 11}),
+    (["--cfg-scale", "1.5", "--guidance-interval", "0.2", "0.9", "--method", "heun", "--steps", "2"],
+     {"guidance_scale": 1.5, "guidance_interval": (0.2, 0.9), "method": "heun", "num_inference_steps": 2}),
+])
+def test_same_images_as_sample_py(pipe, model_dir, sample_cli, tmp_path, flags, kwargs):
+    want = _sample_py(sample_cli, tmp_path, "--ckpt", model_dir, "--classes", "0,3,9", "--per-class", 2, *flags)
+    labels = [0, 0, 3, 3, 9, 9]
+    out = pipe(class_labels=labels, **{"seed": 0, **kwargs})
+    got = np.stack([np.asarray(im) for im in out.images])
+    assert got.shape == want.shape == (6, 8, 8, 3)
+    assert np.array_equal(got, want)
+    assert out.seeds == list(range(kwargs.get("seed", 0), kwargs.get("seed", 0) + 6)) and out.class_labels == labels
+
+
+def test_batch_size_and_output_types(pipe):
+    pil = pipe([1, 2, 3, 4], seed=5).images
+    np_out = pipe([1, 2, 3, 4], seed=5, output_type="np", batch_size=3).images
+    pt_out = pipe([1, 2, 3, 4], seed=5, output_type="pt", batch_size=1).images
+    assert np_out.shape == (4, 8, 8, 1) and np_out.dtype == np.float32 and 0 <= np_out.min() <= np_out.max() <= 1
+    assert isinstance(pt_out, torch.Tensor) and pt_out.shape == (4, 1, 8, 8)
+    assert np.allclose(pt_out.permute(0, 2, 3, 1).numpy(), np_out, atol=1e-6)
+    assert np.array_equal(np.stack([np.asarray(i)[..., 0] for i in pil]), np.round(np_out[..., 0] * 255))
+    (images,) = pipe([1], seed=5, return_dict=False)
+    assert np.array_equal(np.asarray(images[0]), np.asarray(pil[0]))
+
+
+def test_generator_draws_reproducible_seeds(pipe):
+    a = pipe([0, 1, 2], generator=torch.Generator().manual_seed(123), output_type="np")
+    b = pipe([0, 1, 2], generator=torch.Generator().manual_seed(123), output_type="np")
+    c = pipe([0, 1, 2], generator=torch.Generator().manual_seed(124), output_type="np")
+    assert a.seeds == b.seeds != c.seeds and np.array_equal(a.images, b.images)
+    assert not np.array_equal(a.images, c.images)
+    again = pipe([0, 1, 2], seed=a.seeds, output_type="np")   # the recorded seeds give the same images
+    assert np.array_equal(again.images, a.images)
+
+
+def test_save_pretrained_round_trip(pipe, tmp_path):
+    folder = pipe.save_pretrained(tmp_path / "saved")
+    assert (folder / "README.md").is_file()
+    again = Vit5SitPipeline.from_pretrained(folder)
+    again.set_progress_bar_config(disable=True)
+    assert np.array_equal(again([2, 5], seed=3, output_type="np").images, pipe([2, 5], seed=3, output_type="np").images)
+
+
+def test_bad_arguments_name_the_value(pipe):
+    with pytest.raises(ValueError, match="output_type='jpg': choose one of pil, np, pt"):
+        pipe([0], output_type="jpg")
+    with pytest.raises(ClassSpecError, match="class id 10 out of range"):
+        pipe([10])
+    with pytest.raises(ClassSpecError, match="names are known only for 1000-class"):
+        pipe(["goldfish"])
+    with pytest.raises(ValueError, match="2 seeds for 3 class labels"):
+        pipe([0, 1, 2], seed=[1, 2])
+    with pytest.raises(ValueError, match="dopri5"):
+        pipe([0], sampler="sde", method="dopri5")
+
+
+def test_imagenet_names(tmp_path):
+    folder = _model_dir(tmp_path, [*TINY, "model.num_classes=1000", "data.channels=3"])
+    p = Vit5SitPipeline.from_pretrained(folder)
+    assert p.get_label_ids([207, "goldfish", "Carassius auratus"]) == [207, 1, 1]
+    assert p.id2label[207] == "golden retriever"
+    out = p(class_labels=[207, "goldfish"], guidance_scale=4.0, num_inference_steps=2, seed=0)
+    assert out.class_labels == [207, 1] and out.images[0].size == (8, 8)
+
+
+@pytest.mark.slow  # ~10 s: importing diffusers
+def test_latent_model_decodes_with_its_vae(tmp_path, sample_cli):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before diffusers is imported: never wait on the network
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 8, 8, 8), down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=4,
+                        sample_size=32, norm_num_groups=8)
+    vae.save_pretrained(tmp_path / "vae")
+    (tmp_path / "m").mkdir()
+    folder = _model_dir(tmp_path / "m", ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=64",
+                                         "model.num_heads=2", "model.num_classes=5", "data.kind=latents",
+                                         "data.resolution=32", f"data.vae={tmp_path / 'vae'}", "sampler.steps=2"])
+    p = Vit5SitPipeline.from_pretrained(folder)
+    got = np.stack([np.asarray(i) for i in p([0, 4], seed=0, guidance_scale=1.0).images])
+    want = _sample_py(sample_cli, tmp_path, "--ckpt", folder, "--classes", "0,4", "--per-class", 1,
+                      "--cfg-scale", 1)
+    assert got.shape == (2, 32, 32, 3) and np.array_equal(got, want)
+
+
+def test_bundled_demo_loads_through_the_pipeline():
+    p = Vit5SitPipeline.from_pretrained()
+    p.set_progress_bar_config(disable=True)
+    out = p(class_labels=[7], num_inference_steps=2, seed=0)
+    assert out.images[0].size == (32, 32) and out.images[0].mode == "RGB"
+
+
+@pytest.mark.slow  # the demo model at the README's settings
+def test_readme_pipeline_example_runs(tmp_path, monkeypatch):
+    """The README's pipeline example, run as written (in a temporary folder)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Python: Vit5SitPipeline"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("\n```", start)]
+    assert "Vit5SitPipeline.from_pretrained()" in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert Image.open(tmp_path / "three.png").size == (32, 32)

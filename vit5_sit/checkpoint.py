@@ -17,7 +17,7 @@ import torch
 from vit5_sit.checks import first_line
 from vit5_sit.config import ExperimentConfig, load_config
 from vit5_sit.models import PRESETS, DiT, create_model, load_official_state_dict, model_config
-from vit5_sit.models.official import StateDictMismatch
+from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
     CheckpointError,
     latest_valid_checkpoint,
@@ -106,11 +106,8 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
         state = {k: v.float() for k, v in load_file(str(weights)).items()}
     except (SafetensorError, OSError) as e:
         raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [f"{k} {tuple(state[k].shape)} (model: {tuple(v.shape)})"
-              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
+    shapes = [f"{k} {tuple(f)} (model: {tuple(m)})" for k, f, m in wrong]
     if missing or unexpected or shapes:
         raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
                              f"{missing[:5]}, unexpected keys: {unexpected[:5]}, wrong shapes: {shapes[:5]})")

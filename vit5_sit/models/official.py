@@ -108,6 +108,14 @@ def infer_official_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     return model_config("SiT-XL/2", num_heads=heads, **{k: fields[k] for k in keep if k in fields})
 
 
+def state_dict_mismatch(expected: dict, state: dict) -> tuple[list[str], list[str], list[tuple]]:
+    """(missing keys, unexpected keys, [(key, file shape, model shape)]) of a state dict against a model's."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [(k, state[k].shape, v.shape) for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    return missing, unexpected, wrong
+
+
 def load_official_state_dict(model: DiT, path: str | os.PathLike) -> DiT:
     """Load an official SiT file into `model` strictly (see `read_state_dict`); returns the model.
 
@@ -115,11 +123,8 @@ def load_official_state_dict(model: DiT, path: str | os.PathLike) -> DiT:
     the model's config (naming the fields to pass and the mismatched keys and shapes).
     """
     state = read_state_dict(path)
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
+    shapes = [f"{k}: file {tuple(f)} vs model {tuple(m)}" for k, f, m in wrong]
     if missing or unexpected or shapes:
         cfg = model.cfg
         fields = file_config_fields(state, cfg.class_dropout_prob > 0)

@@ -18,6 +18,20 @@ import sys
 from .spec import StudyError, load_study
 
 
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give arm names separated by commas, e.g. sit,vit5")
+    return names
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(n) for n in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole-number seeds separated by commas, e.g. 0,1") from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="CPU threads per training run (default: 1)")
     p.add_argument("--until", type=int, default=None,
                    help="train only to this step (default: the study's last step); resume later for the rest")
+    p.add_argument("--arms", type=_names, default=None,
+                   help="train only these arms, comma-separated (default: all), e.g. sit,vit5")
+    p.add_argument("--seeds", type=_seeds, default=None,
+                   help="train only these training seeds, comma-separated (default: all), e.g. 0,1")
     p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
     p.add_argument("--out", default=None, help="results folder (default: the study's results_dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -48,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
             return 0
         if args.command in ("run", "train"):
-            results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until)
+            results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
+                                       arms=args.arms, seeds=args.seeds)
             failed = [f"{a}-s{s}" for a, s, rc in results if rc != 0]
             if failed:
                 print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)

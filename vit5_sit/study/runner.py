@@ -18,9 +18,6 @@ from pathlib import Path
 
 from .spec import Arm, StudyError, StudySpec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 def _checkpoints(run: Path) -> dict[int, Path]:
     """Verified checkpoints of a run folder by step (size check only: the hash is checked on use)."""
     from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
@@ -42,24 +39,42 @@ def trained_step(spec: StudySpec, arm: Arm, seed: int) -> int:
 
 def train_command(spec: StudySpec, arm: Arm, seed: int, until: int) -> list[str]:
     run = spec.run_dir(arm, seed)
-    return [sys.executable, str(REPO_ROOT / "train.py"), "--config", arm.config,
+    return [sys.executable, "-m", "vit5_sit.cli.train", "--config", arm.config,
             f"output_dir={run.parent}", f"name={run.name}", f"train.seed={seed}", f"train.max_steps={until}",
             "log.sample_every=0", *arm.overrides, "--resume", "auto"]
 
 
+def select_pairs(spec: StudySpec, arms: list[str] | None = None,
+                 seeds: list[int] | None = None) -> list[tuple[Arm, int]]:
+    """The study's (arm, seed) pairs, in training order, limited to ``arms`` / ``seeds`` when given."""
+    names = [a.name for a in spec.arms]
+    for name in arms or []:
+        if name not in names:
+            raise StudyError(f"--arms {name!r}: no such arm in {spec.source}; arms: {', '.join(names)}")
+    known = sorted({s for a in spec.arms for s in a.seeds})
+    for seed in seeds or []:
+        if seed not in known:
+            raise StudyError(f"--seeds {seed}: no arm of {spec.source} has that seed; seeds: "
+                             f"{', '.join(map(str, known))}")
+    return [(a, s) for a, s in spec.pairs() if (not arms or a.name in arms) and (seeds is None or s in seeds)]
+
+
 def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | None = None,
+              arms: list[str] | None = None, seeds: list[int] | None = None,
               log=print, poll_s: float = 5.0) -> list[tuple[str, int, int]]:
     """Train every (arm, seed) to ``until`` (default: the last evaluated step), ``jobs`` at a time.
 
+    ``arms`` / ``seeds`` limit training to part of the study (the report still covers all of it).
     Returns (arm, seed, exit code) of the runs started. A failed run is reported and the others go on.
     """
     until = until or spec.max_steps
     if until > spec.max_steps:
         raise StudyError(f"--until {until}: beyond the study's last step {spec.max_steps} (raise steps in "
                          f"{spec.source} instead)")
-    pending = [(a, s) for a, s in spec.pairs() if trained_step(spec, a, s) < until]
-    done = len(spec.pairs()) - len(pending)
-    log(f"study {spec.name}: {done} of {len(spec.pairs())} runs at step {until} or beyond; {len(pending)} to train "
+    chosen = select_pairs(spec, arms, seeds)
+    pending = [(a, s) for a, s in chosen if trained_step(spec, a, s) < until]
+    done = len(chosen) - len(pending)
+    log(f"study {spec.name}: {done} of {len(chosen)} runs at step {until} or beyond; {len(pending)} to train "
         f"({jobs} at a time, {threads} thread(s) each)")
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

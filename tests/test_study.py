@@ -89,6 +89,31 @@ def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
     assert len(err) == 1 and err[0].startswith("error: ")
 
 
+def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_path, capsys):
+    from vit5_sit.study.runner import select_pairs, train_command
+
+    spec = _spec([Arm("a", "c.yaml", seeds=(0, 1, 2)), Arm("b", "c.yaml", seeds=(0, 1))])
+    pairs = [(a.name, s) for a, s in select_pairs(spec, ["b"], None)]
+    assert pairs == [("b", 0), ("b", 1)]
+    assert [(a.name, s) for a, s in select_pairs(spec, None, [1])] == [("a", 1), ("b", 1)]
+    assert len(select_pairs(spec)) == 5
+    with pytest.raises(StudyError, match="--arms 'c'.*arms: a, b"):
+        select_pairs(spec, ["c"])
+    with pytest.raises(StudyError, match="--seeds 5.*seeds: 0, 1, 2"):
+        select_pairs(spec, None, [5])
+    cmd = train_command(spec, spec.arms[0], 1, 100)  # the installed trainer, not a file beside the package
+    assert cmd[1:3] == ["-m", "vit5_sit.cli.train"] and "train.seed=1" in cmd
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: x\n")
+    body = {"name": "t", "steps": [100], "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}]}
+    path = _write_spec(tmp_path, body)
+    assert main(["train", str(path), "--arms", "zz"]) == 2
+    assert "--arms 'zz': no such arm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", str(path), "--seeds", "x"])
+    assert "whole-number seeds" in capsys.readouterr().err
+
+
 def test_the_bundled_study_file_is_valid():
     spec = load_study(Path(__file__).resolve().parent.parent / "configs" / "study" / "mnist.yaml")
     assert {"sit", "vit5", "vit5-nols"} <= {a.name for a in spec.arms}

@@ -128,6 +128,26 @@ def test_resume_with_other_settings_names_the_fields(tmp_path, capsys, change, f
     assert _tree(run) == before  # config.yaml not overwritten
 
 
+@pytest.mark.parametrize("change, named", [
+    (["model.preset=SiT-T/2"], ["qkv_bias=False (the config builds True)", "num_registers=4"]),
+    (["model.hidden_size=64"], ["hidden_size=32 (the config builds 64)", "of another shape"]),
+    (["model.depth=2"], ["depth=1 (the config builds 2)", "missing: blocks.1."]),
+])
+def test_a_checkpoint_copied_without_its_run_folder_is_checked_against_the_model(tmp_path, capsys, change, named):
+    """No config.yaml to compare with (a step folder copied elsewhere): the weights' names and shapes are."""
+    data = _images(tmp_path / "data")
+    _run(_overrides(tmp_path / "runs", data), capsys)
+    copied = tmp_path / "elsewhere" / "step_0000002"
+    copied.parent.mkdir()
+    (tmp_path / "runs/r/checkpoints/step_0000002").rename(copied)
+    line = _fails([*_overrides(tmp_path / "runs", data, name="new", steps=4), *change, "--resume", str(copied)],
+                  capsys)
+    assert "holds another model than this config builds" in line and all(n in line for n in named), line
+    assert not (tmp_path / "runs" / "new").exists()  # refused before the run folder is made
+    out = _run([*_overrides(tmp_path / "runs", data, name="new", steps=4), "--resume", str(copied)], capsys)
+    assert "resumed from" in out  # the right config resumes it
+
+
 def test_resume_may_change_the_schedule(tmp_path, capsys):
     data = _images(tmp_path / "data")
     _run(_overrides(tmp_path / "runs", data), capsys)

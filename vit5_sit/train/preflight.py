@@ -8,6 +8,9 @@
   one; when checkpoints exist but none verifies it refuses, listing each and why;
 - a resume with other model, transport or data-shape settings than the run's ``config.yaml`` names the
   fields that differ (``train.global_batch_size`` and ``train.seed`` too: they decide the data order);
+- the checkpoint's weights against the model the config builds (names and shapes read from the
+  safetensors header, nothing loaded): a checkpoint of another model is refused with the differing fields,
+  also when it was copied without its run's ``config.yaml``;
 - the data against the model: number of classes, at least one readable image.
 
 The run folder is created, and ``config.yaml`` written, only after all of these pass (`write_run_config`), so
@@ -126,7 +129,45 @@ def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main:
             f"name=... / output_dir=... to start another run")
     if start is not None and start.parent.name == "checkpoints":  # RUN/checkpoints/step_X: RUN/config.yaml
         check_same_run(cfg, start.parent.parent / "config.yaml")
+    if start is not None:
+        check_checkpoint_fits(cfg, start)
     return start
+
+
+def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
+    """The checkpoint's ``model.safetensors`` has the names and shapes of the model ``cfg`` builds.
+
+    Reads only the file's header; a missing or unreadable file is left to the checkpoint's own verification.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    from vit5_sit.models import create_model
+    from vit5_sit.models.official import _listed, file_config_fields, state_dict_mismatch
+
+    path = Path(start) / "model.safetensors"
+    if not path.is_file():
+        return
+    try:
+        with safe_open(str(path), "pt") as f:
+            state = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError):
+        return
+    mcfg = cfg.model_config()
+    with torch.device("meta"):
+        expected = create_model(mcfg).state_dict()
+    missing, unexpected, wrong = state_dict_mismatch(expected, state)
+    if not (missing or unexpected or wrong):
+        return
+    fields = file_config_fields(state, "y_embedder.embedding_table.weight" in state and mcfg.class_dropout_prob > 0)
+    differing = [f"{k}={v!r} (the config builds {getattr(mcfg, k)!r})" for k, v in fields.items()
+                 if getattr(mcfg, k) != v]
+    what = [f"{len(missing)} missing: {_listed(missing)}" if missing else "",
+            f"{len(unexpected)} unexpected: {_listed(unexpected)}" if unexpected else "",
+            f"{len(wrong)} of another shape: {_listed([k for k, _, _ in wrong])}" if wrong else ""]
+    raise PreflightError(
+        f"{start} holds another model than this config builds ({'; '.join(w for w in what if w)}"
+        f"{'; the checkpoint has ' + ', '.join(differing) if differing else ''}). Resume with the config of the "
+        f"run that wrote it (its config.yaml), or set those model.* fields")
 
 
 def config_differences(old: ExperimentConfig, new: ExperimentConfig, keys=RESUME_FIXED) -> list[str]:
@@ -196,6 +237,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-__all__ = ["CheckpointError", "PreflightError", "check_dataset", "check_run_folder", "check_same_run",
+__all__ = ["CheckpointError", "PreflightError", "check_checkpoint_fits", "check_dataset", "check_run_folder",
+           "check_same_run",
            "check_writable_folder", "config_differences", "report_skipped", "start_checkpoint",
            "write_run_config"]

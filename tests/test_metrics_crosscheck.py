@@ -39,12 +39,13 @@ def test_fid_matches_torch_fidelity(sets, n_samples):
     assert abs(same) < 1e-8 * np.trace(feature_statistics(reference)[1])
 
 
-@pytest.mark.parametrize("splits", [1, 5, 10])
-def test_inception_score_matches_torch_fidelity(splits):
+@pytest.mark.parametrize("n, splits", [(200, 1), (200, 5), (200, 10), (203, 10), (1003, 7)])
+def test_inception_score_matches_torch_fidelity(n, splits):
     rng = np.random.default_rng(3)
-    logits = rng.normal(size=(200, 30)) * 3 + 4 * np.eye(30)[rng.integers(0, 30, 200)]  # confident-ish
+    logits = rng.normal(size=(n, 30)) * 3 + 4 * np.eye(30)[rng.integers(0, 30, n)]  # confident-ish
     ours = inception_score(logits, splits=splits)
-    # N divisible by splits: both take consecutive equal splits (ours without torch-fidelity's shuffle).
+    # Consecutive splits with the same boundaries, also when N is not divisible by splits (ours without
+    # torch-fidelity's shuffle).
     theirs = isc_features_to_metric(torch.from_numpy(logits), splits=splits, shuffle=False)
     assert ours[0] > 1.5
     assert ours == pytest.approx((theirs["inception_score_mean"], theirs["inception_score_std"]), rel=1e-9,

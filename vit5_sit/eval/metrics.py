@@ -68,7 +68,9 @@ def inception_score(logits, splits: int = 10) -> tuple[float, float]:
     log_p = x - x.max(axis=1, keepdims=True)
     log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))  # log softmax
     scores = []
-    for part in np.array_split(log_p, splits):
+    n = len(log_p)
+    for i in range(splits):  # torch-fidelity's split boundaries (i * N // splits), also when N % splits != 0
+        part = log_p[i * n // splits:(i + 1) * n // splits]
         p = np.exp(part)
         log_marginal = np.log(p.mean(axis=0) + 1e-30)  # log p(y) of this split
         kl = (p * (part - log_marginal)).sum(axis=1)  # KL(p(y|x) || p(y)) per image

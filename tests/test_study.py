@@ -114,6 +114,17 @@ def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_p
     assert "whole-number seeds" in capsys.readouterr().err
 
 
+def test_evaluation_plan_with_and_without_the_sampling_noise_rescoring():
+    from vit5_sit.study.runner import evaluation_plan
+
+    spec = _spec([Arm("a", "c.yaml", seeds=(0, 1))], steps=(100, 200), noise_seed=7)
+    full = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec)]
+    assert ("a", 0, 100, 7) in full and ("a", 1, 100, 7) not in full  # noise_training_seeds defaults to [0]
+    assert len(full) == 6
+    main_only = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec, noise=False)]
+    assert main_only == [x for x in full if x[3] == 0] and len(main_only) == 4
+
+
 def test_the_bundled_study_file_is_valid():
     spec = load_study(Path(__file__).resolve().parent.parent / "configs" / "study" / "mnist.yaml")
     assert {"sit", "vit5", "vit5-nols"} <= {a.name for a in spec.arms}

@@ -45,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
                    help="train only these arms, comma-separated (default: all), e.g. sit,vit5")
     p.add_argument("--seeds", type=_seeds, default=None,
                    help="train only these training seeds, comma-separated (default: all), e.g. 0,1")
+    p.add_argument("--no-noise", action="store_true",
+                   help="evaluate with the main sample seed only; the sampling-noise re-scoring is left for later")
     p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
     p.add_argument("--out", default=None, help="results folder (default: the study's results_dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
                 return 1
         if args.command in ("run", "eval"):
-            rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress)
+            rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
+                                       noise=not args.no_noise)
             path = write_report(spec, rows, args.out)
             print(path.read_text())
             print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")

@@ -132,19 +132,23 @@ def _settings(spec: StudySpec, sample_seed: int):
                            steps=e.steps, cfg_scale=e.cfg_scale, metrics=tuple(e.metrics), batch_size=e.batch_size)
 
 
-def evaluation_plan(spec: StudySpec) -> list[tuple[Arm, int, int, int]]:
-    """(arm, training seed, step, sample seed) of every evaluation the study asks for."""
+def evaluation_plan(spec: StudySpec, noise: bool = True) -> list[tuple[Arm, int, int, int]]:
+    """(arm, training seed, step, sample seed) of every evaluation the study asks for (``noise=False``: without
+    the sampling-noise re-scoring with the second sample seed)."""
     plan = []
     for arm, seed in spec.pairs():
         sample_seeds = [spec.eval.sample_seed]
-        if spec.eval.noise_seed is not None and seed in spec.eval.noise_training_seeds:
+        if noise and spec.eval.noise_seed is not None and seed in spec.eval.noise_training_seeds:
             sample_seeds.append(spec.eval.noise_seed)
         plan += [(arm, seed, step, s) for step in spec.steps for s in sample_seeds]
     return plan
 
 
-def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, log=print) -> list[dict]:
+def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, noise: bool = True,
+                 log=print) -> list[dict]:
     """Evaluate every study checkpoint that exists (cached: nothing is sampled or scored twice).
+
+    ``noise=False`` leaves out the sampling-noise evaluations (the report then says they are pending).
 
     Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
     """
@@ -160,7 +164,7 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     evaluator = _Evaluator(reference, metrics, None, device, 64, progress)
     device = torch.device(device or "cpu")
     rows = []
-    for arm, seed, step, sample_seed in evaluation_plan(spec):
+    for arm, seed, step, sample_seed in evaluation_plan(spec, noise):
         run = spec.run_dir(arm, seed)
         path = _checkpoints(run).get(step)
         if path is None:

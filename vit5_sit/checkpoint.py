@@ -16,7 +16,7 @@ import torch
 
 from vit5_sit.checks import first_line
 from vit5_sit.config import ExperimentConfig, load_config
-from vit5_sit.models import PRESETS, DiT, create_model, load_official_state_dict, model_config
+from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
     CheckpointError,
@@ -75,7 +75,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None,
                       overrides: dict | None = None, use_ema: bool = True, device: torch.device | str = "cpu",
-                      ) -> tuple[DiT, ExperimentConfig | None]:
+                      ) -> tuple[Denoiser, ExperimentConfig | None]:
     """A model in eval mode on ``device``, and its experiment config (None for official files)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file

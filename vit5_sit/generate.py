@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vit5_sit.interrupt import Interrupted
-from vit5_sit.models import DiT
+from vit5_sit.models import Denoiser
 from vit5_sit.transport import (
     ClassifierFreeGuidance,
     SamplerConfig,
@@ -61,7 +61,7 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
 
 
 @torch.no_grad()
-def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
+def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
                   seeds: Sequence[int], *,
                   cfg_scale: float = 1.0,                    # classifier-free guidance; 1 = none
                   guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
@@ -262,7 +262,7 @@ def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_s
     return _jsonable(manifest)
 
 
-def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
+def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
                   num_samples: int,
                   classes: Sequence[int] | None = None,  # cycled over the samples; None = all classes
                   seed: int = 0,                          # sample i has seed `seed + i`

@@ -29,7 +29,7 @@ import torch
 
 from vit5_sit.checkpoint import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.config import ExperimentConfig, load_config, save_config
-from vit5_sit.models import PRESETS, DiT
+from vit5_sit.models import PRESETS, Denoiser
 from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 CONFIG_FILE = "config.yaml"
@@ -289,7 +289,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 class PretrainedModel:
     """A trained model with what describes it; the unit that is saved, loaded and pushed."""
 
-    model: DiT                      # in eval mode
+    model: Denoiser                      # in eval mode
     config: ExperimentConfig        # the run's config; train.max_steps = the step of these weights
     metrics: list[dict] = dataclasses.field(default_factory=list)  # rows of `collect_metrics`
 

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclasses.dataclass
 class Loaded:
-    model: object          # DiT in eval mode, on the CPU
+    model: object          # Denoiser in eval mode, on the CPU
     cfg: object            # ExperimentConfig, None for official files
     path: Path
     official: bool

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vit5_sit.models import DiT
+from vit5_sit.models import Denoiser
 from vit5_sit.train.seeding import derive_seed
 from vit5_sit.transport import Transport
 
@@ -52,7 +52,7 @@ class Trainee(nn.Module):
     and synchronise both, and the optimizer's parameter order is the model's, then the projector's.
     """
 
-    def __init__(self, model: DiT, projector: nn.Module | None = None, depth: int | None = None) -> None:
+    def __init__(self, model: Denoiser, projector: nn.Module | None = None, depth: int | None = None) -> None:
         super().__init__()
         self.model, self.projector, self.depth = model, projector, depth
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .spec import Arm, StudyError, StudySpec
 
+
 def _checkpoints(run: Path) -> dict[int, Path]:
     """Verified checkpoints of a run folder by step (size check only: the hash is checked on use)."""
     from vit5_sit.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint

@@ -110,8 +110,8 @@ class Loaded:
 
 
 def load_model(args) -> Loaded:
-    from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
+    from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.models import PRESETS
 
     if args.ckpt is None:
@@ -347,8 +347,8 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
 
 
 def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:
-    from vit5_sit.checkpoint import model_identity
     from vit5_sit.generate import manifest_path, sample_to_npz
+    from vit5_sit.model_files import model_identity
 
     num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
     identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}

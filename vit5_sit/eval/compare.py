@@ -155,8 +155,8 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
 def _local_run(spec) -> tuple[Path, str | None]:
     """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
     the cache) as a model folder."""
-    from vit5_sit.checkpoint import ModelLoadError
     from vit5_sit.hub import parse_repo_spec, resolve_model_path
+    from vit5_sit.model_files import ModelLoadError
 
     if Path(spec).exists() or parse_repo_spec(str(spec)) is None:
         return Path(spec), None
@@ -261,8 +261,8 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
     """
     from vit5_sit import distributed as dist
-    from vit5_sit.checkpoint import load_for_sampling, model_identity
     from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
+    from vit5_sit.model_files import load_for_sampling, model_identity
     from vit5_sit.transport import Transport
 
     sampler = settings.sampler()

@@ -24,10 +24,10 @@ from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
-from .evaluation import evaluate, parse_metrics
-from .inception import find_inception_weights, load_inception
+from .evaluation import LazyInception, evaluate, parse_metrics, reference_features
+from .inception import find_inception_weights
 from .metrics import feature_statistics
-from .sources import Reference, compute_features, open_reference
+from .sources import Reference, open_reference
 
 TABLE_METRICS = ("fid", "is", "precision", "recall")
 
@@ -92,7 +92,7 @@ class _Evaluator:
         self.reference_arg, self.metrics = reference, metrics
         self.inception_weights, self.device, self.progress = inception_weights, device, progress
         self.batch_size = batch_size
-        self._inception, self._reference = None, None
+        self._net, self._reference = LazyInception(None, inception_weights, device), None
         location = find_inception_weights(inception_weights)
         ref_path = Path(reference) if isinstance(reference, str | Path) else None
         self.key = {
@@ -102,18 +102,14 @@ class _Evaluator:
         }
 
     def inception(self):
-        if self._inception is None:
-            self._inception = load_inception(self.inception_weights, self.device)
-        return self._inception
+        return self._net.get()
 
     def reference(self) -> Reference:
         """The reference with its features computed once (not once per checkpoint) when it has images only."""
         if self._reference is None:
             ref = open_reference(self.reference_arg)
-            needs_features = any(m in ("precision", "recall", "kid") for m in self.metrics) or ref.mu is None
-            if ref.features is None and ref.images is not None and needs_features:
-                feats = compute_features(ref.images, self.inception(), self.batch_size,
-                                         progress=self.progress, desc="reference").pool
+            feats = reference_features(ref, self.metrics, self._net, self.batch_size, progress=self.progress)
+            if ref.features is None and feats is not None:
                 mu, sigma = (ref.mu, ref.sigma) if ref.mu is not None else feature_statistics(feats)
                 ref = Reference(ref.description, mu, sigma, features=feats,
                                 inception_weights=self.inception().describe())

@@ -502,7 +502,7 @@ def test_bad_config_values_name_the_value_and_the_choices():
         ModelConfig(hidden_size=72, num_heads=4, rope=True)
     with pytest.raises(ValueError, match="input_size=30 is not divisible by patch_size=4"):
         model_config("SiT-T/4", input_size=30)
-    with pytest.raises(ValueError, match="unknown model preset 'ViT5-XXL/2'; choose one of: SiT-T/2"):
+    with pytest.raises(ValueError, match=r"preset='ViT5-XXL/2': must be one of 'SiT-T/2', .* Did you mean 'ViT5-XL/2'"):
         model_config("ViT5-XXL/2")
     with pytest.raises(ValueError, match="unknown ModelConfig field.*'ropes'"):
         create_model("ViT5-T/2", ropes=False)

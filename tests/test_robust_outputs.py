@@ -275,3 +275,13 @@ def test_official_file_with_a_pickle_payload_is_one_line(tmp_path, capsys):
     line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-T/2", "--out", tmp_path / "x.png"], capsys)
     assert "evil.pt: cannot read it as a PyTorch checkpoint with weights_only=True" in line
     assert not (tmp_path / "x.png").exists()
+
+
+def test_unknown_preset_goes_through_the_one_choice_check(tmp_path, capsys):
+    """--preset, model.preset and model_config name a bad preset the same way (utils.check_choice)."""
+    path = tmp_path / "official.pt"
+    path.write_bytes(b"not read: the preset is checked first")
+    line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-XXL/2", "--out", tmp_path / "x.png"], capsys)
+    assert line.startswith("error: --preset='SiT-XXL/2': must be one of 'SiT-T/2', ") and "\n" not in line
+    assert line.endswith("Did you mean 'SiT-XL/2'?"), line
+    assert not (tmp_path / "x.png").exists()

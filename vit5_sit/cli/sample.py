@@ -1,4 +1,4 @@
-"""Sample class-conditional images from a checkpoint: a labelled PNG grid, or a .npz of many for FID.
+"""The sample.py command (vit5-sit-sample): a model's class-conditional images as a labelled PNG grid or a .npz.
 
     # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
     python sample.py
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import sys
 import time
 from pathlib import Path
@@ -101,6 +100,7 @@ def load_model(args) -> Loaded:
     from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
     from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.models import PRESETS
+    from vit5_sit.utils import check_choice
 
     if args.ckpt is None:
         if not (DEMO_MODEL / "config.yaml").is_file():
@@ -117,10 +117,8 @@ def load_model(args) -> Loaded:
     official = path.is_file()
     if args.preset is not None and not official:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")
-    if args.preset is not None and args.preset not in PRESETS:
-        close = difflib.get_close_matches(args.preset, PRESETS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else f" Choose one of: {', '.join(PRESETS)}"
-        raise UsageError(f"--preset {args.preset}: unknown model.{hint}")
+    if args.preset is not None:
+        check_choice("--preset", args.preset, PRESETS, error=UsageError)
     overrides = None
     if official:
         size = args.image_size or OFFICIAL_IMAGE_SIZE

@@ -7,6 +7,7 @@ import dataclasses
 
 from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
+from vit5_sit.utils import check_choice
 
 SIZES = {  # depth, width, heads (shared by both families); T is a tiny size for CPU demos and tests
     "T": dict(depth=6, hidden_size=192, num_heads=3),
@@ -40,8 +41,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 def model_config(name: str, **overrides) -> ModelConfig:
     """A preset's config (a copy) with any fields overridden, e.g. model_config('ViT5-B/2', rope=False)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    check_choice("preset", name, PRESETS)
     return _replace(PRESETS[name], overrides)
 
 

@@ -1,4 +1,8 @@
-"""Class-conditional sampling of a trained model: image batches, PNG grids, resumable mass sampling to .npz.
+"""Generating images from a model, as library functions: seeded batches, labelled PNG grids, resumable .npz.
+
+The command line is `vit5_sit/cli/sample.py` (`python sample.py`); the ODE/SDE solvers that turn noise into
+data are `vit5_sit.transport.samplers` (`transport.sample`); this module runs them batch by batch, guided,
+seeded and decoded, for sample.py, the pipeline, the web demo and `eval_fid.py compare`.
 
 Noise is seeded per sample (one generator per seed), so the image a seed gives does not depend on the
 batch size or on the number of processes (adaptive ODE solvers excepted: their step sizes are shared by a
@@ -12,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -30,10 +33,10 @@ from vit5_sit.transport import (
     Transport,
     sample,
 )
-from vit5_sit.utils import atomic_write_bytes, atomic_write_text
+from vit5_sit.transport.samplers import FIXED_STEP_METHODS  # adaptive ODE solvers share step sizes in a batch
+from vit5_sit.utils import atomic_write_bytes, atomic_write_file, atomic_write_text
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
-FIXED_STEP_METHODS = ("euler", "heun")  # adaptive ODE solvers share step sizes within a batch
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}]"
 GRID_MIN_CELL = 64     # labelled grids enlarge smaller images (nearest neighbour) to at least this size
 
@@ -435,34 +438,26 @@ def _assemble(part_files: list[Path], out: Path, num_samples: int, labels: np.nd
     """Concatenate the parts into ``out`` (arr_0, arr_1) atomically, one part in memory at a time."""
     first = _read_part(part_files[0])[0]
     shape = (num_samples, *first.shape[1:])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array_header_1_0(
-                    f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                        "shape": shape})
-                written = 0
-                for path in part_files:
-                    images, part_labels = _read_part(path)
-                    expect = labels[written:written + len(images)]
-                    if images.shape[1:] != shape[1:] or not np.array_equal(part_labels, expect):
-                        raise SamplingStateError(
-                            f"{path}: does not match the other parts (image shape {images.shape[1:]} or "
-                            "labels differ); delete it and run again")
-                    f.write(np.ascontiguousarray(images).tobytes())
-                    written += len(images)
-            if written != num_samples:
-                raise SamplingStateError(f"{out}: the parts hold {written} images, expected {num_samples}")
-            with zf.open("arr_1.npy", "w") as f:
-                np.lib.format.write_array(f, labels.astype(np.int64))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write_file(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED,
+                                                        allowZip64=True) as zf:
+        with zf.open("arr_0.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                    "shape": shape})
+            written = 0
+            for path in part_files:
+                images, part_labels = _read_part(path)
+                expect = labels[written:written + len(images)]
+                if images.shape[1:] != shape[1:] or not np.array_equal(part_labels, expect):
+                    raise SamplingStateError(
+                        f"{path}: does not match the other parts (image shape {images.shape[1:]} or "
+                        "labels differ); delete it and run again")
+                f.write(np.ascontiguousarray(images).tobytes())
+                written += len(images)
+        if written != num_samples:
+            raise SamplingStateError(f"{out}: the parts hold {written} images, expected {num_samples}")
+        with zf.open("arr_1.npy", "w") as f:
+            np.lib.format.write_array(f, labels.astype(np.int64))
 
 
 def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -91,8 +91,8 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     if on_step is not None:
         guided = net
 
-        def net(x, t, y):
-            out = guided(x, t, y)
+        def net(x_t, t, y):
+            out = guided(x_t, t, y)
             on_step()
             return out
     if isinstance(vae, str | Path):
@@ -103,14 +103,15 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     for lo in range(0, len(seeds), batch_size):
         batch_seeds = list(seeds[lo:lo + batch_size])
         rng = StackedRandomGenerator(batch_seeds, device)
-        noise = rng.randn((cfg.in_channels, size, size))
+        noise = rng.randn((cfg.in_channels, size, size))  # x0, at t = 0
         y = torch.as_tensor(list(classes[lo:lo + batch_size]), device=device, dtype=torch.long)
-        x = sample(net, noise, y, transport, sampler, rng=rng).samples
+        x1 = sample(net, noise, y, transport, sampler, rng=rng).samples  # the model's data space, at t = 1
+        images = x1
         if vae is not None:
             from vit5_sit.data.vae import decode
 
-            x = decode(vae, x)
-        out.append(x.float().cpu() if as_float else to_uint8(x))
+            images = decode(vae, x1)
+        out.append(images.float().cpu() if as_float else to_uint8(images))
         if on_batch is not None:
             on_batch(len(batch_seeds))
     return torch.cat(out) if as_float else np.concatenate(out)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import vit5_sit.eval.compare as compare
+import vit5_sit.eval.evaluation as evaluation
 import vit5_sit.generate as generate
 from vit5_sit.config import load_config, save_config
 from vit5_sit.eval.inception import find_inception_weights
@@ -139,11 +140,11 @@ def test_second_comparison_is_served_from_the_cache(runs, compared, tmp_path, mo
     def fail(*args, **kwargs):
         raise AssertionError("recomputed something that was cached")
 
-    import vit5_sit.checkpoint
+    import vit5_sit.model_files
 
-    monkeypatch.setattr(vit5_sit.checkpoint, "load_for_sampling", fail)  # cached samples: no model needed
+    monkeypatch.setattr(vit5_sit.model_files, "load_for_sampling", fail)  # cached samples: no model needed
     monkeypatch.setattr(generate, "sample_images", fail)
-    monkeypatch.setattr(compare, "load_inception", fail)
+    monkeypatch.setattr(evaluation, "load_inception", fail)  # the one lazy loader (LazyInception)
     again = compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None)
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
     assert (tmp_path / "compare.md").read_text().splitlines()[5:] == \
@@ -183,13 +184,36 @@ def test_not_a_run_folder(tmp_path, runs):
 
 
 def test_every_keeps_the_checkpoints_at_multiples(runs, compared, tmp_path, monkeypatch):
-    import vit5_sit.checkpoint
+    import vit5_sit.model_files
 
     def fail(*args, **kwargs):
         raise AssertionError("recomputed something that was cached")
 
-    monkeypatch.setattr(vit5_sit.checkpoint, "load_for_sampling", fail)
+    monkeypatch.setattr(vit5_sit.model_files, "load_for_sampling", fail)
     rows = compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None, every=200)
     assert [(r["run"], r["step"]) for r in rows] == [("run0", 200), ("run1", 200)]
     with pytest.raises(compare.CompareError, match=r"--every 300: no checkpoint .* steps 100, 200"):
         compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None, every=300)
+
+
+def test_one_lazy_inception_and_reference_rule_for_evaluate_and_compare(tmp_path):
+    """evaluate() and compare's evaluator load the Inception through the same `LazyInception` and decide
+    whether reference features are needed by the same `reference_features` rule."""
+    from vit5_sit.eval.sources import Reference, open_images
+
+    class NoInception(evaluation.LazyInception):
+        def get(self):
+            raise AssertionError("loaded the Inception where no features were needed")
+
+    net = NoInception(None, None, "cpu")
+    stored = np.zeros((3, 2048), np.float32)
+    images = open_images(np.zeros((2, 8, 8, 3), np.uint8))
+    assert evaluation.reference_features(Reference("f", features=stored), ("kid",), net) is stored
+    assert evaluation.reference_features(Reference("i", images=images), ("is",), net) is None
+    with_mu = Reference("s", mu=np.zeros(2048), sigma=np.eye(2048), images=images)
+    assert evaluation.reference_features(with_mu, ("fid", "is"), net) is None
+    with pytest.raises(AssertionError, match="loaded the Inception"):
+        evaluation.reference_features(Reference("i", images=images), ("fid",), net)  # no mu: features needed
+    evaluator = compare._Evaluator(Reference("f", features=stored), ("kid",), None, "cpu", 8, False)
+    assert isinstance(evaluator._net, evaluation.LazyInception) and evaluator.reference().features is stored
+    assert evaluator._net.inception is None  # nothing loaded for a reference that holds its features

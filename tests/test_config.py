@@ -44,7 +44,7 @@ def test_digit_datasets_have_ten_classes(kind):
     ("train.lrr=1e-4", "Did you mean train.lr"),
     ("trian.lr=1e-4", "Did you mean train"),
     ("model.rop=false", "Did you mean model.rope"),
-    ("model.preset=ViT5-XXL/2", "unknown preset"),
+    ("model.preset=ViT5-XXL/2", "model.preset='ViT5-XXL/2': must be one of 'SiT-T/2'"),
     ("train.lr=fast", "expected a number"),
     ("train.max_steps=1.5", "expected an integer"),
     ("model.rope=maybe", "expected true or false"),

@@ -17,11 +17,11 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from vit5_sit import hub
-from vit5_sit.checkpoint import ModelLoadError, load_for_sampling
 from vit5_sit.config import load_config, save_config
 from vit5_sit.demo import export_model
 from vit5_sit.demo import main as demo_main
 from vit5_sit.generate import sample_images
+from vit5_sit.model_files import ModelLoadError, load_for_sampling
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import save_checkpoint
 from vit5_sit.transport import SamplerConfig, Transport
@@ -334,3 +334,14 @@ def test_compare_takes_a_repo_id_and_model_folder(hf_cache, model_dir, tmp_path,
     assert sorted(p.relative_to(hf_cache) for p in hf_cache.rglob("*")) == before  # nothing written there
     with pytest.raises(compare.CompareError, match="me/absent: no such file or folder here; as a Hub repo id"):
         compare.compare_runs(["me/absent"], tmp_path / "ref.npz", tmp_path / "out", settings)
+
+
+def test_old_checkpoint_module_is_an_alias_of_model_files():
+    """`vit5_sit.checkpoint` was renamed `vit5_sit.model_files` (not to be confused with the training
+    state in `vit5_sit.train.checkpoint`): the old import path gives the same objects."""
+    import vit5_sit.checkpoint as old
+    import vit5_sit.model_files as new
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    assert old.load_for_sampling is load_for_sampling and old.ModelLoadError is ModelLoadError

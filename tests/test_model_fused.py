@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit5_sit.models import create_model
-from vit5_sit.models.dit import DiT, Rope, modulate, norm_rotate
+from vit5_sit.models import Denoiser, create_model
+from vit5_sit.models.layers import modulate, norm_rotate
+from vit5_sit.models.positions import Rope
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
 TOL = 1e-5
@@ -67,7 +68,7 @@ def previous_block(block, x, c, rope):
     return x + gate_mlp.unsqueeze(1) * block.mlp(modulate(previous_norm(block.norm2, x), shift_mlp, scale_mlp))
 
 
-def previous_forward(model: DiT, x, t, y):
+def previous_forward(model: Denoiser, x, t, y):
     B, C, H, W = x.shape
     grid_h, grid_w = H // model.patch_size, W // model.patch_size
     T = grid_h * grid_w
@@ -90,7 +91,7 @@ def previous_forward(model: DiT, x, t, y):
 
 # ----------------------------------------------------------------------------------------------------------
 
-def randomized(**overrides) -> DiT:
+def randomized(**overrides) -> Denoiser:
     """A tiny ViT-5 with every trainable weight random (gates, LayerScale and QK-norm weights included)."""
     torch.manual_seed(0)
     model = create_model("ViT5-T/2", **{**TINY, **overrides})

@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit5_sit.models import (
     PRESETS,
-    DiT,
+    Denoiser,
     ModelConfig,
     count_flops,
     count_params,
@@ -27,12 +27,13 @@ from vit5_sit.models import (
     load_official_state_dict,
     model_config,
 )
-from vit5_sit.models.dit import RMSNorm, Rope, apply_rope, rope_angles_2d, rope_tables, sincos_pos_embed_2d
+from vit5_sit.models.layers import RMSNorm
+from vit5_sit.models.positions import Rope, apply_rope, rope_angles_2d, rope_tables, sincos_pos_embed_2d
 
 TINY = dict(input_size=8, in_channels=4, depth=2, hidden_size=64, num_heads=4, num_classes=10)
 
 
-def tiny(name: str = "ViT5-T/2", **overrides) -> DiT:
+def tiny(name: str = "ViT5-T/2", **overrides) -> Denoiser:
     torch.manual_seed(0)
     return create_model(name, **{**TINY, **overrides})
 
@@ -49,7 +50,7 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-def inputs(model: DiT, batch: int = 2, size: int | None = None, seed: int = 1):
+def inputs(model: Denoiser, batch: int = 2, size: int | None = None, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     cfg = model.cfg
     size = size or cfg.input_size
@@ -59,7 +60,7 @@ def inputs(model: DiT, batch: int = 2, size: int | None = None, seed: int = 1):
     return x, t, y
 
 
-def run(model: DiT, *args) -> torch.Tensor:
+def run(model: Denoiser, *args) -> torch.Tensor:
     with torch.no_grad():
         return model.eval()(*args)
 
@@ -355,7 +356,7 @@ def flip_patches(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(B, C, H, W // p, p).flip(3).reshape(B, C, H, W)
 
 
-def mirror_column_rotations(model: DiT) -> DiT:
+def mirror_column_rotations(model: Denoiser) -> Denoiser:
     """The same model with the second channel of every column rotary pair of q and k negated.
 
     Reflecting a rotary pair turns a rotation by +a into one by -a, so this model sees a left-right offset
@@ -406,7 +407,7 @@ def keys(model: nn.Module) -> set[str]:
     return set(model.state_dict())
 
 
-def outputs_differ(base: DiT, switched: DiT) -> bool:
+def outputs_differ(base: Denoiser, switched: Denoiser) -> bool:
     """Outputs of two models that share every parameter they have in common."""
     copy_shared(randomize(base), switched)
     x, t, y = inputs(base)
@@ -501,7 +502,7 @@ def test_bad_config_values_name_the_value_and_the_choices():
         ModelConfig(hidden_size=72, num_heads=4, rope=True)
     with pytest.raises(ValueError, match="input_size=30 is not divisible by patch_size=4"):
         model_config("SiT-T/4", input_size=30)
-    with pytest.raises(ValueError, match="unknown model preset 'ViT5-XXL/2'; choose one of: SiT-T/2"):
+    with pytest.raises(ValueError, match=r"preset='ViT5-XXL/2': must be one of 'SiT-T/2', .* Did you mean 'ViT5-XL/2'"):
         model_config("ViT5-XXL/2")
     with pytest.raises(ValueError, match="unknown ModelConfig field.*'ropes'"):
         create_model("ViT5-T/2", ropes=False)
@@ -612,3 +613,21 @@ def test_bf16_autocast_runs():
         out = model.eval()(x, t, y)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), run(model, x, t, y), atol=0.1, rtol=0.1)
+
+
+def test_old_import_paths_still_work():
+    """`vit5_sit.models.dit` was one file before the split: every name it exported is the same object now,
+    and `DiT` is the former name of `Denoiser`."""
+    import vit5_sit.models as models
+    from vit5_sit.models import config, denoiser, dit, flops, layers, positions, presets
+
+    assert dit.DiT is dit.Denoiser is denoiser.Denoiser is models.DiT is models.Denoiser
+    for module in (config, positions, layers, denoiser, flops, presets):
+        for name in dir(module):
+            if name in dit.__all__:
+                assert getattr(dit, name) is getattr(module, name), name
+    for name in ("ModelConfig", "PRESETS", "SIZES", "Rope", "RMSNorm", "DiTBlock", "Attention", "norm_rotate",
+                 "rms_norm", "modulate", "sincos_pos_embed_2d", "rope_angles_2d", "rope_tables", "apply_rope",
+                 "count_params", "count_flops", "model_config", "create_model", "SiT", "ViT5"):
+        assert name in dit.__all__ and hasattr(dit, name), name
+    assert isinstance(dit.create_model("SiT-T/2", depth=1), dit.DiT)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from vit5_sit.checks import OutputLock, UsageError, output_file, output_folder, parse_device
+from vit5_sit.checks import OutputLock, UsageError, output_file, output_folder, parse_device, positive_int
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 
@@ -83,6 +83,20 @@ def test_output_checks_create_nothing(tmp_path):
     output_file(tmp_path / "new" / "sub" / "x.png", "--out")  # a missing folder is fine: created on write
     output_folder(tmp_path / "new2", "--out")
     assert _tree(tmp_path) == before
+
+
+def test_one_usage_error_and_one_positive_int_for_every_cli(capsys):
+    """Both CLIs raise and catch the one `checks.UsageError` and parse counts with the one `positive_int`."""
+    assert sample.UsageError is eval_fid.UsageError is UsageError and issubclass(UsageError, ValueError)
+    assert sample.positive_int is eval_fid.positive_int is positive_int
+    assert not hasattr(sample, "_positive_int") and not hasattr(eval_fid, "_positive_int")
+    assert positive_int("3") == 3
+    for cli, argv in ((sample, ["--batch-size", "0"]), (eval_fid, ["calc", "--samples", "x", "--ref", "y",
+                                                                     "--batch-size", "0"])):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.build_parser().parse_args(argv)
+        assert exit_info.value.code == 2
+        assert "--batch-size: must be at least 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: the case cannot be made as root")
@@ -260,4 +274,14 @@ def test_official_file_with_a_pickle_payload_is_one_line(tmp_path, capsys):
     torch.save({"model": Payload()}, path)
     line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-T/2", "--out", tmp_path / "x.png"], capsys)
     assert "evil.pt: cannot read it as a PyTorch checkpoint with weights_only=True" in line
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_unknown_preset_goes_through_the_one_choice_check(tmp_path, capsys):
+    """--preset, model.preset and model_config name a bad preset the same way (utils.check_choice)."""
+    path = tmp_path / "official.pt"
+    path.write_bytes(b"not read: the preset is checked first")
+    line = _fails(sample.main, ["--ckpt", path, "--preset", "SiT-XXL/2", "--out", tmp_path / "x.png"], capsys)
+    assert line.startswith("error: --preset='SiT-XXL/2': must be one of 'SiT-T/2', ") and "\n" not in line
+    assert line.endswith("Did you mean 'SiT-XL/2'?"), line
     assert not (tmp_path / "x.png").exists()

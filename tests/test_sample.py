@@ -135,19 +135,19 @@ def test_other_image_size(model_dir, tmp_path):
 
 
 def test_no_arguments_samples_the_demo(model_dir, tmp_path, monkeypatch):
-    import vit5_sit.checkpoint
+    import vit5_sit.model_files
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(vit5_sit.checkpoint, "DEMO_MODEL", model_dir)
+    monkeypatch.setattr(vit5_sit.model_files, "DEMO_MODEL", model_dir)
     assert _run() == 0
     grid = Image.open(tmp_path / "samples.png")
     assert grid.height == 10 * (64 + 2) + 2  # all ten classes, one row each
 
 
 def test_missing_demo_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    import vit5_sit.checkpoint
+    import vit5_sit.model_files
 
-    monkeypatch.setattr(vit5_sit.checkpoint, "DEMO_MODEL", tmp_path / "no-demo")
+    monkeypatch.setattr(vit5_sit.model_files, "DEMO_MODEL", tmp_path / "no-demo")
     assert _run() == 2
     err = capsys.readouterr().err
     assert "demo model is missing" in err and "--ckpt" in err

@@ -43,8 +43,8 @@ class Models:
         self.keep, self._pipes = keep, OrderedDict()
 
     def get(self, name: str):
-        from vit5_sit.checkpoint import ModelLoadError
         from vit5_sit.config import ConfigError
+        from vit5_sit.model_files import ModelLoadError
         from vit5_sit.pipeline import Vit5SitPipeline
 
         name = name.strip() or DEMO

@@ -15,7 +15,8 @@ from pathlib import Path
 
 
 class UsageError(ValueError):
-    """A command-line value that cannot work; the message names the flag and the fix."""
+    """A command-line value that cannot work; the message names the flag and the fix. The one usage error of
+    every CLI: each prints it as ``error: <message>`` and exits with code 2."""
 
 
 def writable_folder(folder: str | Path, what: str) -> Path:
@@ -56,6 +57,14 @@ def output_folder(path: str | Path, flag: str) -> Path:
         raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder")
     writable_folder(path, f"{flag} {path}")
     return path
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def finite_float(text: str) -> float:

@@ -258,10 +258,7 @@ def _build_model(raw: dict[str, Any], prefix: str) -> ModelSection:
     preset = raw.pop("preset", ModelSection.preset)
     overrides = dict(raw.pop("overrides", None) or {})
     overrides.update(raw)
-    if preset not in PRESETS:
-        close = difflib.get_close_matches(str(preset), PRESETS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"{prefix}preset={preset!r}: unknown preset.{hint} See `python -m vit5_sit.models`.")
+    check_choice(f"{prefix}preset", preset, PRESETS, error=ConfigError)
     hints = typing.get_type_hints(ModelConfig)
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     coerced = {}

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, resolve_checkpoint
 from vit5_sit.config import ConfigError
+from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, resolve_checkpoint
 
 
 def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16,

@@ -1,4 +1,8 @@
-"""Class-conditional sampling of a trained model: image batches, PNG grids, resumable mass sampling to .npz.
+"""Generating images from a model, as library functions: seeded batches, labelled PNG grids, resumable .npz.
+
+The command line is `vit5_sit/cli/sample.py` (`python sample.py`); the ODE/SDE solvers that turn noise into
+data are `vit5_sit.transport.samplers` (`transport.sample`); this module runs them batch by batch, guided,
+seeded and decoded, for sample.py, the pipeline, the web demo and `eval_fid.py compare`.
 
 Noise is seeded per sample (one generator per seed), so the image a seed gives does not depend on the
 batch size or on the number of processes (adaptive ODE solvers excepted: their step sizes are shared by a
@@ -12,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 
 from vit5_sit.interrupt import Interrupted
-from vit5_sit.models import DiT
+from vit5_sit.models import Denoiser
 from vit5_sit.transport import (
     ClassifierFreeGuidance,
     SamplerConfig,
@@ -30,10 +33,10 @@ from vit5_sit.transport import (
     Transport,
     sample,
 )
-from vit5_sit.utils import atomic_write_bytes, atomic_write_text
+from vit5_sit.transport.samplers import FIXED_STEP_METHODS  # adaptive ODE solvers share step sizes in a batch
+from vit5_sit.utils import atomic_write_bytes, atomic_write_file, atomic_write_text
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
-FIXED_STEP_METHODS = ("euler", "heun")  # adaptive ODE solvers share step sizes within a batch
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}]"
 GRID_MIN_CELL = 64     # labelled grids enlarge smaller images (nearest neighbour) to at least this size
 
@@ -61,7 +64,7 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
 
 
 @torch.no_grad()
-def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
+def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
                   seeds: Sequence[int], *,
                   cfg_scale: float = 1.0,                    # classifier-free guidance; 1 = none
                   guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
@@ -88,8 +91,8 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
     if on_step is not None:
         guided = net
 
-        def net(x, t, y):
-            out = guided(x, t, y)
+        def net(x_t, t, y):
+            out = guided(x_t, t, y)
             on_step()
             return out
     if isinstance(vae, str | Path):
@@ -100,14 +103,15 @@ def sample_images(model: DiT, transport: Transport, sampler: SamplerConfig, clas
     for lo in range(0, len(seeds), batch_size):
         batch_seeds = list(seeds[lo:lo + batch_size])
         rng = StackedRandomGenerator(batch_seeds, device)
-        noise = rng.randn((cfg.in_channels, size, size))
+        noise = rng.randn((cfg.in_channels, size, size))  # x0, at t = 0
         y = torch.as_tensor(list(classes[lo:lo + batch_size]), device=device, dtype=torch.long)
-        x = sample(net, noise, y, transport, sampler, rng=rng).samples
+        x1 = sample(net, noise, y, transport, sampler, rng=rng).samples  # the model's data space, at t = 1
+        images = x1
         if vae is not None:
             from vit5_sit.data.vae import decode
 
-            x = decode(vae, x)
-        out.append(x.float().cpu() if as_float else to_uint8(x))
+            images = decode(vae, x1)
+        out.append(images.float().cpu() if as_float else to_uint8(images))
         if on_batch is not None:
             on_batch(len(batch_seeds))
     return torch.cat(out) if as_float else np.concatenate(out)
@@ -262,7 +266,7 @@ def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_s
     return _jsonable(manifest)
 
 
-def sample_to_npz(model: DiT, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
+def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig, out: str | Path, *,
                   num_samples: int,
                   classes: Sequence[int] | None = None,  # cycled over the samples; None = all classes
                   seed: int = 0,                          # sample i has seed `seed + i`
@@ -435,34 +439,26 @@ def _assemble(part_files: list[Path], out: Path, num_samples: int, labels: np.nd
     """Concatenate the parts into ``out`` (arr_0, arr_1) atomically, one part in memory at a time."""
     first = _read_part(part_files[0])[0]
     shape = (num_samples, *first.shape[1:])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array_header_1_0(
-                    f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                        "shape": shape})
-                written = 0
-                for path in part_files:
-                    images, part_labels = _read_part(path)
-                    expect = labels[written:written + len(images)]
-                    if images.shape[1:] != shape[1:] or not np.array_equal(part_labels, expect):
-                        raise SamplingStateError(
-                            f"{path}: does not match the other parts (image shape {images.shape[1:]} or "
-                            "labels differ); delete it and run again")
-                    f.write(np.ascontiguousarray(images).tobytes())
-                    written += len(images)
-            if written != num_samples:
-                raise SamplingStateError(f"{out}: the parts hold {written} images, expected {num_samples}")
-            with zf.open("arr_1.npy", "w") as f:
-                np.lib.format.write_array(f, labels.astype(np.int64))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write_file(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED,
+                                                        allowZip64=True) as zf:
+        with zf.open("arr_0.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                    "shape": shape})
+            written = 0
+            for path in part_files:
+                images, part_labels = _read_part(path)
+                expect = labels[written:written + len(images)]
+                if images.shape[1:] != shape[1:] or not np.array_equal(part_labels, expect):
+                    raise SamplingStateError(
+                        f"{path}: does not match the other parts (image shape {images.shape[1:]} or "
+                        "labels differ); delete it and run again")
+                f.write(np.ascontiguousarray(images).tobytes())
+                written += len(images)
+        if written != num_samples:
+            raise SamplingStateError(f"{out}: the parts hold {written} images, expected {num_samples}")
+        with zf.open("arr_1.npy", "w") as f:
+            np.lib.format.write_array(f, labels.astype(np.int64))
 
 
 def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray]:

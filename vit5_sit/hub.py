@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checkpoint import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.config import ExperimentConfig, load_config, save_config
-from vit5_sit.models import PRESETS, DiT
+from vit5_sit.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
+from vit5_sit.models import PRESETS, Denoiser
 from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 CONFIG_FILE = "config.yaml"
@@ -289,7 +289,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 class PretrainedModel:
     """A trained model with what describes it; the unit that is saved, loaded and pushed."""
 
-    model: DiT                      # in eval mode
+    model: Denoiser                      # in eval mode
     config: ExperimentConfig        # the run's config; train.max_steps = the step of these weights
     metrics: list[dict] = dataclasses.field(default_factory=list)  # rows of `collect_metrics`
 
@@ -302,13 +302,13 @@ class PretrainedModel:
                         ) -> PretrainedModel:
         """From a model folder, a run folder (newest valid checkpoint), a checkpoint folder, or a Hub repo id;
         None = the bundled demo model."""
-        from vit5_sit import checkpoint
+        from vit5_sit import model_files
 
-        spec = checkpoint.DEMO_MODEL if repo_id_or_path is None else repo_id_or_path
+        spec = model_files.DEMO_MODEL if repo_id_or_path is None else repo_id_or_path
         path = resolve_model_path(spec, revision=revision, cache_dir=cache_dir, token=token)
         if path.is_file():
             raise ModelLoadError(f"{path}: an official .pt file has no config; use "
-                                 "vit5_sit.checkpoint.load_for_sampling with a preset, or one of our folders")
+                                 "vit5_sit.model_files.load_for_sampling with a preset, or one of our folders")
         folder, config_path = resolve_checkpoint(path)
         model, _ = load_for_sampling(path, device=device)
         cfg = config_at_step(config_path, folder)

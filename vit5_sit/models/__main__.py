@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from vit5_sit.models.dit import PRESETS, count_flops, count_params
+from vit5_sit.models.flops import count_flops, count_params
+from vit5_sit.models.presets import PRESETS
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.models.dit import SIZES, DiT, ModelConfig, model_config
+from vit5_sit.models.config import ModelConfig
+from vit5_sit.models.denoiser import Denoiser
+from vit5_sit.models.presets import SIZES, model_config
 
 _PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 _HEADS = {s["hidden_size"]: s["num_heads"] for s in SIZES.values()}  # num_heads of the preset sizes, by width
@@ -116,7 +118,7 @@ def state_dict_mismatch(expected: dict, state: dict) -> tuple[list[str], list[st
     return missing, unexpected, wrong
 
 
-def load_official_state_dict(model: DiT, path: str | os.PathLike) -> DiT:
+def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denoiser:
     """Load an official SiT file into `model` strictly (see `read_state_dict`); returns the model.
 
     Raises FileNotFoundError for a missing file, ValueError for an unreadable one or one that does not fit

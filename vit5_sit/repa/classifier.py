@@ -1,7 +1,7 @@
 """The project's own REPA encoder: a small ViT-5 classifier, trained on the data at hand, saved as one file.
 
 No DINOv2 weights are reachable offline, so this is the stand-in: the project's ViT-5 transformer (the
-``DiT`` class with the ViT-5 switches) with constant conditioning (t = 1, one label), so that its adaLN
+``Denoiser`` class with the ViT-5 switches) with constant conditioning (t = 1, one label), so that its adaLN
 modulation is a learned per-channel scale and shift, a linear head on the mean of its last block's patch
 tokens, trained with cross-entropy. REPA aligns to those patch tokens (RMS-normalised).
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit5_sit.models import ModelConfig, create_model, model_config
-from vit5_sit.models.dit import rms_norm
+from vit5_sit.models.layers import rms_norm
 
 FORMAT = "vit5-sit-encoder/1"
 DEFAULT_PRESET = "ViT5-T/4"

@@ -326,8 +326,8 @@ def _train_step(launch: Launch, state: State, data_iter: Iterator) -> StepResult
         group["lr"] = lr
     sums: dict[str, torch.Tensor] = {}
     for a in range(tc.grad_accum):
-        x, y = next(data_iter)
-        batch = Batch(x.to(acc.device, non_blocking=True), y.to(acc.device, non_blocking=True))
+        x1, y = next(data_iter)  # x1: the data (images or latents); noise x0 and x_t are the objective's
+        batch = Batch(x1.to(acc.device, non_blocking=True), y.to(acc.device, non_blocking=True))
         rng = StepRng.for_micro_batch(tc.seed, state.step, tc.global_batch_size, a, launch.micro, launch.rank,
                                       launch.world)
         strategy.before_micro_step(state.net, last=a == tc.grad_accum - 1)

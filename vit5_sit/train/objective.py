@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vit5_sit.models import DiT
+from vit5_sit.models import Denoiser
 from vit5_sit.train.seeding import derive_seed
 from vit5_sit.transport import Transport
 
 
 @dataclass
 class Batch:
-    x: torch.Tensor  # (b, C, H, W) clean data x1: images in [-1, 1] or latents
+    x1: torch.Tensor  # (b, C, H, W) the data (t = 1): images in [-1, 1] or latents
     y: torch.Tensor  # (b,) class ids
 
 
@@ -52,14 +52,14 @@ class Trainee(nn.Module):
     and synchronise both, and the optimizer's parameter order is the model's, then the projector's.
     """
 
-    def __init__(self, model: DiT, projector: nn.Module | None = None, depth: int | None = None) -> None:
+    def __init__(self, model: Denoiser, projector: nn.Module | None = None, depth: int | None = None) -> None:
         super().__init__()
         self.model, self.projector, self.depth = model, projector, depth
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor):
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor):
         if self.projector is None:
-            return self.model(x, t, y), None
-        out, hidden = self.model(x, t, y, return_hidden=(self.depth,))
+            return self.model(x_t, t, y), None
+        out, hidden = self.model(x_t, t, y, return_hidden=(self.depth,))
         return out, self.projector(hidden[self.depth])  # (B, C, H, W), (B, T, z_dim)
 
 
@@ -85,14 +85,14 @@ class Objective:
         return torch.where(drop.to(y.device), torch.full_like(y, self.null_label), y)
 
     def __call__(self, net: nn.Module, batch: Batch, rng: StepRng) -> dict[str, torch.Tensor]:
-        x1 = batch.x
+        x1 = batch.x1
         t, noise, drop = self.draw(rng, tuple(x1.shape[1:]))
         if t.shape[0] != x1.shape[0]:
             raise ValueError(f"the batch has {x1.shape[0]} samples but the step's draw gives {t.shape[0]}")
         y = self.drop_labels(batch.y, drop)
         x0, t = noise.to(x1), t.to(x1)
-        xt, ut = self.transport.interpolate(x0, x1, t)
-        out, projected = net(xt, t, y)
+        x_t, ut = self.transport.interpolate(x0, x1, t)
+        out, projected = net(x_t, t, y)
         flow = self.transport.prediction_loss(out, x0, ut, t).mean()
         if self.alignment is None:
             return {"loss": flow, "flow": flow}

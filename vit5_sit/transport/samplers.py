@@ -1,4 +1,6 @@
-"""Samplers: integrate from noise (t = t0, near 0) to data (t = t1, near 1).
+"""The ODE / SDE solvers: integrate the flow from noise x0 (t = t0, near 0) to data x1 (t = t1, near 1).
+
+They work on tensors only; `vit5_sit.generate` turns them into images (seeds, guidance, VAE decoding, files).
 
 Each sampler is a pure function `(model_fn, noise, y, transport, cfg, rng) -> samples`; `sample` picks
 one from a SamplerConfig and counts the network evaluations (NFE). `model_fn(x, t, y)` is the network
@@ -66,8 +68,9 @@ class SampleResult:
 
 
 def sample(model_fn, noise, y, transport: Transport, cfg: SamplerConfig, rng=None) -> SampleResult:
-    """Draw samples from `noise` (x at t = 0). rng: a StackedRandomGenerator for the SDE's per-step
-    noise (None = the global torch RNG); the ODE samplers use no randomness."""
+    """Integrate `noise` (x0, at t = t0) to samples x1 (at t = t1) with the solver that `cfg` names.
+    rng: a StackedRandomGenerator for the SDE's per-step noise (None = the global torch RNG); the ODE
+    samplers use no randomness."""
     calls = [0]
 
     def counted(x, t, y_):

@@ -1,0 +1,166 @@
+"""Find and load models for sampling and evaluation: our runs and checkpoints, the demo, official SiT files.
+
+Accepted paths:
+- a run folder (``runs/NAME``, holding ``config.yaml`` and ``checkpoints/``): its newest valid checkpoint;
+- a checkpoint folder (``runs/NAME/checkpoints/step_0001000``): config from the run folder;
+- a model folder (``config.yaml`` beside ``ema.safetensors`` or ``model.safetensors``; the bundled demo);
+- an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model;
+- a Hugging Face Hub repo id (``owner/name``, ``owner/name@revision``) holding a model folder (`vit5_sit.hub`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vit5_sit.checks import first_line
+from vit5_sit.config import ExperimentConfig, load_config
+from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
+from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
+from vit5_sit.train.checkpoint import (
+    CheckpointError,
+    latest_valid_checkpoint,
+    verify_checkpoint,
+)
+
+DEMO_MODEL = Path(__file__).parent / "assets" / "demo"
+
+
+class ModelLoadError(RuntimeError):
+    """The path does not hold a model we can load; the message says what was expected."""
+
+
+def _weights_in(folder: Path, use_ema: bool) -> Path | None:
+    names = ("ema.safetensors", "model.safetensors") if use_ema else ("model.safetensors", "ema.safetensors")
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def local_model_path(path: str | Path | None) -> Path:
+    """The path as given (None: the demo model), or for a Hub repo id its snapshot folder in the cache."""
+    if path is None:
+        return DEMO_MODEL
+    from vit5_sit.hub import parse_repo_spec, resolve_model_path
+
+    if Path(path).exists() or parse_repo_spec(str(path)) is None:
+        return Path(path)  # a missing path is reported by the caller
+    return resolve_model_path(path)
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """(folder holding the weights, config.yaml) for a run, checkpoint or model folder."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file() and not _weights_in(path, True):
+        ckpt = latest_valid_checkpoint(path)
+        if ckpt is None:
+            raise ModelLoadError(f"{path}: run folder has no valid checkpoint in {path / 'checkpoints'}")
+        return ckpt.path, path / "config.yaml"
+    if (path / "meta.json").is_file() and path.parent.name == "checkpoints":
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            raise ModelLoadError(str(e)) from None
+        return path, path.parent.parent / "config.yaml"
+    if (path / "config.yaml").is_file() and _weights_in(path, True):
+        return path, path / "config.yaml"
+    raise ModelLoadError(
+        f"{path}: not a run folder, checkpoint folder or model folder (expected config.yaml with "
+        "checkpoints/ or with ema.safetensors / model.safetensors beside it)")
+
+
+def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None,
+                      overrides: dict | None = None, use_ema: bool = True, device: torch.device | str = "cpu",
+                      ) -> tuple[Denoiser, ExperimentConfig | None]:
+    """A model in eval mode on ``device``, and its experiment config (None for official files)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = local_model_path(path)
+    if path.is_file():
+        if path.suffix not in (".pt", ".pth", ".bin"):
+            raise ModelLoadError(f"{path}: expected an official SiT .pt file, or one of our folders")
+        name = preset or "SiT-XL/2"
+        model = create_model(model_config(name, **(overrides or {})))
+        try:
+            load_official_state_dict(model, path)
+        except StateDictMismatch as e:
+            raise StateDictMismatch(_official_mismatch(path, name, e), e.file_fields, e.differing,
+                                    e.details) from None
+        check_finite(model, path)
+        return model.to(device).eval(), None
+    folder, config_path = resolve_checkpoint(path)
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: no config.yaml found at {config_path}")
+    cfg = load_config(config_path)
+    if preset is not None or overrides:
+        raise ModelLoadError(f"{path}: --preset/overrides apply to official .pt files only; this folder "
+                             "has its own config.yaml")
+    model = create_model(cfg.model_config())
+    weights = _weights_in(folder, use_ema)
+    try:
+        state = {k: v.float() for k, v in load_file(str(weights)).items()}
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
+    missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
+    shapes = [f"{k} {tuple(f)} (model: {tuple(m)})" for k, f, m in wrong]
+    if missing or unexpected or shapes:
+        raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
+                             f"{missing[:5]}, unexpected keys: {unexpected[:5]}, wrong shapes: {shapes[:5]})")
+    model.load_state_dict(state, strict=True)
+    check_finite(model, weights)
+    return model.to(device).eval(), cfg
+
+
+def check_finite(model: torch.nn.Module, source: str | Path) -> None:
+    """Refuse weights holding NaN or inf: they sample black or noise images without any error."""
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ModelLoadError(f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:5])}); the "
+                             "weights are damaged or the run diverged: use an earlier checkpoint")
+
+
+# Fields of an official file that a preset fixes; the others (input size, classes) are per-use overrides.
+_NOT_PRESET = ("input_size", "num_classes")
+
+
+def _official_mismatch(path: Path, preset: str, e: StateDictMismatch) -> str:
+    """Why an official file does not fit `preset`, for sampling: the presets that fit it, by name."""
+    parts = [f"this file has {k}={v!r} ({preset} has {m!r})" for k, (v, m) in e.differing.items()]
+    if any(k not in _NOT_PRESET for k in e.differing):
+        wanted = {k: v for k, v in e.file_fields.items() if k not in _NOT_PRESET}
+        fits = [n for n, c in PRESETS.items() if all(getattr(c, k) == v for k, v in wanted.items())]
+        parts.append(f"presets that fit it: {', '.join(fits)}" if fits else
+                     "no preset fits it (load it in Python: create_model(preset, field=value, ...) and "
+                     "load_official_state_dict)")
+    if not e.differing:
+        parts = e.details  # the shapes agree on every field we can read: list the keys
+    return f"{path}: does not fit preset {preset}: " + "; ".join(parts)
+
+
+def model_identity(path: str | Path | None = None, preset: str | None = None) -> dict:
+    """What a model was loaded from, for the manifests of mass sampling: samples made from other weights
+    are never mixed in. A checkpoint folder is named by its weights' sha256 (from meta.json, so copying the
+    run keeps it); other files by path, size and modification time."""
+    import json
+
+    path = local_model_path(path)
+    if path.is_file():
+        st = path.stat()
+        return {"weights": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "preset": preset or "SiT-XL/2"}
+    folder, config_path = resolve_checkpoint(path)
+    weights = _weights_in(folder, True)
+    meta = folder / "meta.json"
+    if meta.is_file() and weights is not None:
+        try:
+            files = json.loads(meta.read_bytes().decode("utf-8")).get("files", {})
+            return {"weights": weights.name, "sha256": str(files[weights.name]["sha256"])}
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            pass  # no usable meta.json (a model folder): name the file instead
+    st = weights.stat()
+    return {"weights": str(weights.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}

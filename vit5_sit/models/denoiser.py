@@ -1,0 +1,243 @@
+"""The denoiser: SiT's DiT-style transformer with every ViT-5 component a switch in `ModelConfig`.
+
+One model class, `Denoiser`, serves both families. With the vanilla settings it *is* the official SiT model
+(same modules, same state-dict keys, same initialisation, same outputs); the ViT-5 settings change only
+the components listed in docs/DESIGN.md section 3, each by one `ModelConfig` field:
+
+    field               vanilla SiT        ViT-5
+    norm                'layernorm'        'rmsnorm'
+    qk_norm             False              True
+    qkv_bias            True               False
+    pos_embed / rope    'sincos' / False   'sincos' / True   (absolute embedding *and* 2D RoPE)
+    num_registers       0                  4                 (own 2D RoPE, base register_rope_base=100)
+    layer_scale_init    None               1e-4
+    mlp                 'gelu'             'gelu'            ('swiglu' stays available for the ablation)
+
+The ViT-5 presets keep SiT's frozen sin-cos table as their absolute embedding, so the two families differ
+only in the rows above (ViT-5's classifier learns its table: `pos_embed='learned'`, which starts from the
+sin-cos values).
+
+`model(x, t, y)`: x (B, C, H, W) image or latent, t (B,) floats in [0, 1] (0 = noise, 1 = data, the SiT
+convention), y (B,) class ids, where id `num_classes` is the null label (unconditional). Returns the
+prediction, (B, C, H, W); with learn_sigma the second half of the output channels is dropped.
+
+The model runs at grid sizes other than the training one (another resolution): sin-cos tables and RoPE
+tables are recomputed for the new grid, a learned absolute embedding is interpolated. In all three the
+positions of the new grid are rescaled to span the training grid, as the official ViT-5 RoPE does and as
+interpolating a learned table does, so a token keeps the relative location it had in training.
+
+The size registry `PRESETS` is in `vit5_sit.models.presets`; its keys are the CLI's model choices. The
+layers are in `vit5_sit.models.layers`, the position tables in `vit5_sit.models.positions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vit5_sit.models.config import ModelConfig
+from vit5_sit.models.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, SwiGLU, TimestepEmbedder
+from vit5_sit.models.positions import Rope, grid_positions, rope_angles_2d, rope_tables, sincos_pos_embed_2d
+
+INIT_STD = 0.02                 # N(0, 0.02) for the label table, timestep MLP and register tokens
+
+
+class Denoiser(nn.Module):
+    """SiT's DiT-style denoiser; `ModelConfig` switches each ViT-5 component (see the module docstring).
+
+    Absolute position (`pos_embed`): 'sincos' is the official frozen 2D sin-cos table (a Parameter with
+    requires_grad=False, in the state dict); 'learned' starts from the same table and trains; 'none' has
+    none. ViT-5 keeps the absolute embedding *and* adds RoPE: RoPE gives relative position, the absolute
+    embedding stops the model from being blind to a patch-level flip of the image (with relative position
+    only, a flipped image is processed like the original up to a fixed reflection of rotary channels).
+
+    Registers: `num_registers` learnable tokens appended after the patches and discarded at the output.
+    They absorb the high-norm "artefact" attention that otherwise lands on background patches. With RoPE
+    they get their own 2D rotation (row-major on a ceil(sqrt(n)) grid, 2x2 for 4) at a different frequency
+    base: un-rotated registers are most similar to patches with small rotation angles, which biases
+    attention by position; `register_rope_base=None` leaves them un-rotated (that ablation).
+
+    RoPE and sin-cos tables are cached per (grid, device) in a plain dict, not in the state dict.
+    `forward(..., return_hidden=(k, ...))` also returns the patch tokens after block k (1-based; registers
+    excluded), for representation alignment (REPA); without it nothing is kept.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = dataclasses.replace(cfg)
+        self.in_channels, self.out_channels = cfg.in_channels, cfg.out_channels
+        self.patch_size, self.num_classes, self.learn_sigma = cfg.patch_size, cfg.num_classes, cfg.learn_sigma
+        D, n = cfg.hidden_size, cfg.grid_size
+
+        self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, D)
+        self.t_embedder = TimestepEmbedder(D)
+        self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
+        if cfg.pos_embed != "none":
+            self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
+        else:
+            self.pos_embed = None
+        if cfg.num_registers:
+            self.register_tokens = nn.Parameter(torch.zeros(1, cfg.num_registers, D))
+        else:
+            self.register_tokens = None
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
+        self.final_layer = FinalLayer(cfg)
+        self.grad_checkpointing = False
+        self._tables: dict[tuple, object] = {}  # (kind, grid_h, grid_w, device) -> cached position tables
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """The official SiT/DiT initialisation, plus N(0, 0.02) register tokens (ViT-5's choice)."""
+        def _basic_init(module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.apply(_basic_init)
+        # Xavier bounds of the SwiGLU gate and value halves as two separate (hidden, D) matrices.
+        for block in self.blocks:
+            if isinstance(block.mlp, SwiGLU):
+                h = block.mlp.hidden
+                nn.init.xavier_uniform_(block.mlp.w12.weight[:h])
+                nn.init.xavier_uniform_(block.mlp.w12.weight[h:])
+
+        if self.pos_embed is not None:  # 'sincos' (frozen) and 'learned' both start from the sin-cos table
+            n = self.cfg.grid_size
+            with torch.no_grad():
+                self.pos_embed.copy_(sincos_pos_embed_2d(self.cfg.hidden_size, n, n).float().unsqueeze(0))
+        if self.register_tokens is not None:
+            nn.init.trunc_normal_(self.register_tokens, std=INIT_STD)
+
+        # Patch embedding initialised like nn.Linear (instead of nn.Conv2d).
+        w = self.x_embedder.proj.weight.data
+        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=INIT_STD)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=INIT_STD)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=INIT_STD)
+
+        # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
+        # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
+        # branch then starts at lambda * gate_init rather than at a product of two zeros.
+        D = self.cfg.hidden_size
+        for block in self.blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+            if self.cfg.gate_init:
+                with torch.no_grad():
+                    block.adaLN_modulation[-1].bias[2 * D:3 * D] = self.cfg.gate_init
+                    block.adaLN_modulation[-1].bias[5 * D:6 * D] = self.cfg.gate_init
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_layer.linear.weight)
+        nn.init.zeros_(self.final_layer.linear.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass (torch.utils.checkpoint, non-reentrant): less memory."""
+        self.grad_checkpointing = bool(enable)
+
+    # Position tables --------------------------------------------------------------------------------------
+
+    def _cached(self, key: tuple, make):
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = make()
+        return table
+
+    def absolute_pos_embed(self, grid_h: int, grid_w: int, device: torch.device) -> torch.Tensor | None:
+        """(1, grid_h * grid_w, D) absolute embedding for a grid, or None for pos_embed='none'."""
+        n = self.cfg.grid_size
+        if self.pos_embed is None or (grid_h, grid_w) == (n, n):
+            return self.pos_embed
+        if self.cfg.pos_embed == "learned":  # interpolate the trained table (differentiable, not cached)
+            D = self.cfg.hidden_size
+            table = self.pos_embed.reshape(1, n, n, D).permute(0, 3, 1, 2)
+            table = F.interpolate(table.float(), size=(grid_h, grid_w), mode="bicubic", align_corners=False)
+            return table.permute(0, 2, 3, 1).reshape(1, grid_h * grid_w, D).to(self.pos_embed.dtype)
+        return self._cached(
+            ("sincos", grid_h, grid_w, device),
+            lambda: sincos_pos_embed_2d(self.cfg.hidden_size, grid_h, grid_w, n, n).float()[None].to(device))
+
+    def rope_tables(self, grid_h: int, grid_w: int, device: torch.device) -> Rope:
+        """RoPE tables of the patch tokens then the registers, (grid_h * grid_w + num_registers, hd / 2)."""
+        return self._cached(("rope", grid_h, grid_w, device),
+                            lambda: self._make_rope_tables(grid_h, grid_w, device))
+
+    def _make_rope_tables(self, grid_h: int, grid_w: int, device: torch.device) -> Rope:
+        cfg, n = self.cfg, self.cfg.grid_size
+        rows = grid_positions(grid_h, n)[:, None].expand(grid_h, grid_w).reshape(-1)
+        cols = grid_positions(grid_w, n)[None, :].expand(grid_h, grid_w).reshape(-1)
+        angles = [rope_angles_2d(cfg.head_dim, rows, cols, cfg.rope_base)]
+        if cfg.num_registers:
+            side = math.ceil(math.sqrt(cfg.num_registers))
+            idx = torch.arange(cfg.num_registers, dtype=torch.float64)
+            if cfg.register_rope_base is None:  # registers not rotated (angle 0)
+                angles.append(torch.zeros(cfg.num_registers, cfg.head_dim // 2, dtype=torch.float64))
+            else:
+                angles.append(rope_angles_2d(cfg.head_dim, idx // side, idx % side, cfg.register_rope_base))
+        return rope_tables(torch.cat(angles), device)
+
+    # Forward ----------------------------------------------------------------------------------------------
+
+    def unpatchify(self, x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
+        """(B, T, p * p * C_out) -> (B, C_out, grid_h * p, grid_w * p)."""
+        p, c = self.patch_size, self.out_channels
+        x = x.reshape(x.shape[0], grid_h, grid_w, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(x.shape[0], c, grid_h * p, grid_w * p)
+
+    @property
+    def null_label(self) -> int:
+        """The unconditional (classifier-free guidance) label id."""
+        return self.cfg.null_label
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = ()):
+        """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W).
+
+        return_hidden: block numbers k (1-based); then returns ``(out, {k: (B, T, D) patch tokens after
+        block k})``.
+        """
+        B, C, H, W = x.shape
+        p = self.patch_size
+        if C != self.in_channels or H % p or W % p:
+            raise ValueError(f"input of shape {tuple(x.shape)}: expected {self.in_channels} channels and a "
+                             f"height and width divisible by patch_size={p}")
+        if t.ndim == 0:
+            t = t.expand(B)
+        if any(not 1 <= k <= len(self.blocks) for k in return_hidden):
+            raise ValueError(f"return_hidden={tuple(return_hidden)}: block numbers run from 1 to {len(self.blocks)}")
+        grid_h, grid_w = H // p, W // p
+        T = grid_h * grid_w
+
+        x = self.x_embedder(x)                                    # (B, T, D)
+        pos = self.absolute_pos_embed(grid_h, grid_w, x.device)
+        if pos is not None:
+            x = x + pos.to(x.dtype)                               # (B, T, D)
+        if self.register_tokens is not None:
+            x = torch.cat([x, self.register_tokens.expand(B, -1, -1).to(x.dtype)], dim=1)  # (B, T + R, D)
+        rope = self.rope_tables(grid_h, grid_w, x.device) if self.cfg.rope else None  # (T + R, hd / 2)
+        c = self.t_embedder(t) + self.y_embedder(y)               # (B, D)
+
+        hidden = {}
+        for k, block in enumerate(self.blocks, start=1):
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, c, rope, use_reentrant=False)
+            else:
+                x = block(x, c, rope)                             # (B, T + R, D)
+            if k in return_hidden:
+                hidden[k] = x[:, :T]                              # (B, T, D): patch tokens only
+        x = x[:, :T]                                              # (B, T, D): registers dropped
+        x = self.final_layer(x, c)                                # (B, T, p * p * C_out)
+        x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
+        if self.learn_sigma:
+            x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
+        return (x, hidden) if return_hidden else x
+
+
+DiT = Denoiser  # the former name (the official code's): old imports keep working

@@ -1,0 +1,61 @@
+"""Presets: the size registry whose keys are the CLI's model choices (`SiT-{T,S,B,L,XL}/{2,4,8}`,
+`ViT5-...`), and the factories `model_config` and `create_model`. Any field can be overridden."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vit5_sit.models.config import ModelConfig
+from vit5_sit.models.denoiser import Denoiser
+from vit5_sit.utils import check_choice
+
+SIZES = {  # depth, width, heads (shared by both families); T is a tiny size for CPU demos and tests
+    "T": dict(depth=6, hidden_size=192, num_heads=3),
+    "S": dict(depth=12, hidden_size=384, num_heads=6),
+    "B": dict(depth=12, hidden_size=768, num_heads=12),
+    "L": dict(depth=24, hidden_size=1024, num_heads=16),
+    "XL": dict(depth=28, hidden_size=1152, num_heads=16),
+}
+PATCH_SIZES = (2, 4, 8)
+VIT5 = dict(  # the ViT-5 components; everything else as the official SiT
+    norm="rmsnorm", qk_norm=True, qkv_bias=False, pos_embed="sincos", rope=True, rope_base=10000.0,
+    num_registers=4, register_rope_base=100.0, layer_scale_init=1e-4, mlp="gelu",
+)
+
+
+def SiT(size: str, patch_size: int) -> ModelConfig:
+    """The official SiT model (vanilla ViT backbone)."""
+    return ModelConfig(patch_size=patch_size, **SIZES[size])
+
+
+def ViT5(size: str, patch_size: int) -> ModelConfig:
+    """SiT with all ViT-5 components on, at the same size."""
+    return ModelConfig(patch_size=patch_size, **SIZES[size], **VIT5)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    **{f"SiT-{s}/{p}": SiT(s, p) for s in SIZES for p in PATCH_SIZES},
+    **{f"ViT5-{s}/{p}": ViT5(s, p) for s in SIZES for p in PATCH_SIZES},
+}
+
+
+def model_config(name: str, **overrides) -> ModelConfig:
+    """A preset's config (a copy) with any fields overridden, e.g. model_config('ViT5-B/2', rope=False)."""
+    check_choice("preset", name, PRESETS)
+    return _replace(PRESETS[name], overrides)
+
+
+def create_model(name_or_config: str | ModelConfig, **overrides) -> Denoiser:
+    """A freshly initialised `Denoiser` from a preset name or a config, with optional field overrides."""
+    if isinstance(name_or_config, str):
+        return Denoiser(model_config(name_or_config, **overrides))
+    return Denoiser(_replace(name_or_config, overrides))
+
+
+def _replace(cfg: ModelConfig, overrides: dict) -> ModelConfig:
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise ValueError(f"unknown ModelConfig field(s) {', '.join(map(repr, unknown))}; fields are: "
+                         f"{', '.join(fields)}")
+    return dataclasses.replace(cfg, **overrides)

@@ -176,7 +176,11 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     assert sorted(results) == [("sit", 0, 0), ("sit", 1, 0), ("vit5", 0, 0), ("vit5", 1, 0)]
     assert runner.train_all(spec, poll_s=0.5) == []  # re-run: everything is at its step, nothing starts
     shutil.rmtree(spec.run_dir(spec.arms[1], 1) / "checkpoints" / "step_0000004")  # sit seed 1: only step 2
+    with pytest.raises(StudyError, match="nothing is evaluated yet"):
+        runner.evaluate_all(spec, cached_only=True)  # `report` before any `eval`: one named line
 
+    first = runner.evaluate_all(spec, progress=False, noise=False, log=lambda *_: None)  # main sample seed only
+    assert len(first) == 7 and {r["sample_seed"] for r in first} == {0}
     rows = runner.evaluate_all(spec, progress=False, log=lambda *_: None)
     # 2 arms x 2 seeds x 2 steps, less the missing checkpoint, plus the second sample seeds of seed 0 (2 x 2).
     assert len(rows) == 7 + 4
@@ -197,3 +201,14 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(generate, "sample_to_npz", no_sampling)
     again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)  # served from the caches
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
+    assert [r["fid"] for r in first] == [r["fid"] for r in rows if r["sample_seed"] == 0]
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(runner, "ensure_reference", no_scoring)
+    for metrics in (spec.run_dir(spec.arms[0], 1) / "eval").rglob("step_0000004.metrics-*.json"):
+        metrics.unlink()  # vit5 seed 1 at step 4: samples cached, metrics not
+    cached = runner.evaluate_all(spec, progress=False, cached_only=True)  # `report`: computes nothing
+    assert len(cached) == len(rows) - 1
+    assert ("vit5", 1, 4) not in {(r["arm"], r["seed"], r["step"]) for r in cached}

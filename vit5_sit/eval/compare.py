@@ -251,10 +251,12 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
                         *, device, progress: bool = True, log=print,
                         cache: Path | None = None,     # where the samples are cached; None = RUN/eval
                         shown_as: str | None = None,   # the row's run_dir (a Hub repo id); None = the folder
-                        ) -> dict:
+                        cached_only: bool = False,     # compute nothing: None unless samples and metrics are cached
+                        ) -> dict | None:
     """Sample one checkpoint (cached in RUN/eval/<settings>/) and, on the main process, its metrics (cached).
 
-    The row: run, run_dir, step, samples (the .npz), and the metrics on the main process.
+    The row: run, run_dir, step, samples (the .npz), and the metrics on the main process. With
+    ``cached_only``, None when the samples or the metrics are not cached yet (nothing is sampled or scored).
     """
     from vit5_sit import distributed as dist
     from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
@@ -269,6 +271,13 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
                    identity=model_identity(ckpt.path), part_size=settings.part_size,
                    batch_size=settings.batch_size)
     manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
+    if cached_only:
+        if not npz_is_complete(samples, manifest):
+            return None
+        metrics = _cached_metrics(samples, manifest_path(samples), evaluator, log, compute=False)
+        if metrics is None:
+            return None
+        return {"run": name, "run_dir": shown_as or str(run), "step": ckpt.step, "samples": str(samples), **metrics}
     if dist.is_main():
         log(f"{name} step {ckpt.step}: {samples}")
     if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
@@ -282,7 +291,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     return row
 
 
-def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -> dict:
+def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log, compute: bool = True) -> dict | None:
     key = {**evaluator.key, "samples": hashlib.sha256(manifest.read_bytes()).hexdigest()}
     path = samples.with_name(f"{samples.stem}.metrics-{_short_hash(key)}.json")
     if path.is_file():
@@ -292,6 +301,8 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log) -
                 return cached["result"]
         except (json.JSONDecodeError, KeyError):
             pass
+    if not compute:
+        return None
     result = evaluator(samples)
     keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "num_samples", "num_reference",
                                    "inception_weights", "skipped") if k in result}

@@ -4,6 +4,7 @@
     python -m vit5_sit.study train configs/study/mnist.yaml --until 1200  # train everything to step 1,200 first
     python -m vit5_sit.study eval configs/study/mnist.yaml                # evaluate what exists, write the report
     python -m vit5_sit.study status configs/study/mnist.yaml              # which (arm, seed) are at which step
+    python -m vit5_sit.study report configs/study/mnist.yaml              # the report from what is evaluated
 
 Every part resumes: training runs `train.py --resume auto`, samples and metrics are cached under each run, so
 the same command re-run redoes nothing that is done and continues what is not. Ctrl-C stops the training
@@ -35,7 +36,7 @@ def _seeds(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "train", "eval", "status"))
+    p.add_argument("command", choices=("run", "train", "eval", "report", "status"))
     p.add_argument("spec", help="study YAML file, e.g. configs/study/mnist.yaml")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default: 1)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per training run (default: 1)")
@@ -74,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             if failed:
                 print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
                 return 1
-        if args.command in ("run", "eval"):
+        if args.command in ("run", "eval", "report"):
             rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
-                                       noise=not args.no_noise)
+                                       noise=not args.no_noise, cached_only=args.command == "report")
             path = write_report(spec, rows, args.out)
             print(path.read_text())
             print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")

@@ -145,10 +145,11 @@ def evaluation_plan(spec: StudySpec, noise: bool = True) -> list[tuple[Arm, int,
 
 
 def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, noise: bool = True,
-                 log=print) -> list[dict]:
+                 cached_only: bool = False, log=print) -> list[dict]:
     """Evaluate every study checkpoint that exists (cached: nothing is sampled or scored twice).
 
-    ``noise=False`` leaves out the sampling-noise evaluations (the report then says they are pending).
+    ``noise=False`` leaves out the sampling-noise evaluations (the report then says they are pending);
+    ``cached_only`` computes nothing: the rows of the evaluations already done (a report while others run).
 
     Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
     """
@@ -159,7 +160,9 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     from vit5_sit.eval.evaluation import parse_metrics
     from vit5_sit.train.checkpoint import Checkpoint
 
-    reference = ensure_reference(spec, log)
+    if cached_only and not spec.reference_path.is_file():
+        raise StudyError(f"nothing is evaluated yet ({spec.reference_path} does not exist): run `eval` first")
+    reference = spec.reference_path if cached_only else ensure_reference(spec, log)
     metrics = parse_metrics(spec.eval.metrics)
     evaluator = _Evaluator(reference, metrics, None, device, 64, progress)
     device = torch.device(device or "cpu")
@@ -171,7 +174,9 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
             continue
         cfg = load_config(run / "config.yaml")
         row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path), _settings(spec, sample_seed),
-                                  evaluator, device=device, progress=progress, log=log)
+                                  evaluator, device=device, progress=progress, log=log, cached_only=cached_only)
+        if row is None:
+            continue
         rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed,
                      **{k: v for k, v in row.items() if k not in ("run", "run_dir")}})
     return rows

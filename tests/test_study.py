@@ -123,6 +123,10 @@ def test_evaluation_plan_with_and_without_the_sampling_noise_rescoring():
     assert len(full) == 6
     main_only = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec, noise=False)]
     assert main_only == [x for x in full if x[3] == 0] and len(main_only) == 4
+    part = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec, False, None, [1], [200])]
+    assert part == [("a", 1, 200, 0)]
+    with pytest.raises(StudyError, match="--steps 300: not a step the study evaluates; steps: 100, 200"):
+        evaluation_plan(spec, steps=[300])
 
 
 def test_the_bundled_study_file_is_valid():

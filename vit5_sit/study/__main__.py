@@ -43,9 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=int, default=None,
                    help="train only to this step (default: the study's last step); resume later for the rest")
     p.add_argument("--arms", type=_names, default=None,
-                   help="train only these arms, comma-separated (default: all), e.g. sit,vit5")
+                   help="train / evaluate only these arms, comma-separated (default: all), e.g. sit,vit5")
     p.add_argument("--seeds", type=_seeds, default=None,
-                   help="train only these training seeds, comma-separated (default: all), e.g. 0,1")
+                   help="train / evaluate only these training seeds, comma-separated (default: all), e.g. 0,1")
+    p.add_argument("--steps", type=_seeds, default=None,
+                   help="evaluate only these checkpoints, comma-separated, e.g. 1200 (the report covers all "
+                        "that are scored)")
     p.add_argument("--no-noise", action="store_true",
                    help="evaluate with the main sample seed only; the sampling-noise re-scoring is left for later")
     p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
@@ -77,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         if args.command in ("run", "eval", "report"):
             rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
-                                       noise=not args.no_noise, cached_only=args.command == "report")
+                                       noise=not args.no_noise, cached_only=args.command == "report",
+                                       arms=args.arms, seeds=args.seeds, steps=args.steps)
+            if args.arms or args.seeds or args.steps:  # part evaluated: the report holds all that is scored
+                rows = runner.evaluate_all(spec, noise=not args.no_noise, cached_only=True)
             path = write_report(spec, rows, args.out)
             print(path.read_text())
             print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")

@@ -132,24 +132,31 @@ def _settings(spec: StudySpec, sample_seed: int):
                            steps=e.steps, cfg_scale=e.cfg_scale, metrics=tuple(e.metrics), batch_size=e.batch_size)
 
 
-def evaluation_plan(spec: StudySpec, noise: bool = True) -> list[tuple[Arm, int, int, int]]:
+def evaluation_plan(spec: StudySpec, noise: bool = True, arms: list[str] | None = None,
+                    seeds: list[int] | None = None, steps: list[int] | None = None) -> list[tuple[Arm, int, int, int]]:
     """(arm, training seed, step, sample seed) of every evaluation the study asks for (``noise=False``: without
-    the sampling-noise re-scoring with the second sample seed)."""
+    the sampling-noise re-scoring with the second sample seed; ``arms`` / ``seeds`` / ``steps``: only those)."""
+    for step in steps or []:
+        if step not in spec.steps:
+            raise StudyError(f"--steps {step}: not a step the study evaluates; steps: "
+                             f"{', '.join(map(str, spec.steps))}")
     plan = []
-    for arm, seed in spec.pairs():
+    for arm, seed in select_pairs(spec, arms, seeds):
         sample_seeds = [spec.eval.sample_seed]
         if noise and spec.eval.noise_seed is not None and seed in spec.eval.noise_training_seeds:
             sample_seeds.append(spec.eval.noise_seed)
-        plan += [(arm, seed, step, s) for step in spec.steps for s in sample_seeds]
+        plan += [(arm, seed, step, s) for step in spec.steps for s in sample_seeds if not steps or step in steps]
     return plan
 
 
 def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, noise: bool = True,
-                 cached_only: bool = False, log=print) -> list[dict]:
+                 cached_only: bool = False, arms: list[str] | None = None, seeds: list[int] | None = None,
+                 steps: list[int] | None = None, log=print) -> list[dict]:
     """Evaluate every study checkpoint that exists (cached: nothing is sampled or scored twice).
 
     ``noise=False`` leaves out the sampling-noise evaluations (the report then says they are pending);
     ``cached_only`` computes nothing: the rows of the evaluations already done (a report while others run).
+    ``arms`` / ``seeds`` / ``steps`` evaluate only those (e.g. one step of every arm first).
 
     Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
     """
@@ -167,7 +174,8 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     evaluator = _Evaluator(reference, metrics, None, device, 64, progress)
     device = torch.device(device or "cpu")
     rows = []
-    for arm, seed, step, sample_seed in evaluation_plan(spec, noise):
+    plan = evaluation_plan(spec, noise, arms, seeds, steps)  # bad names refused before any work
+    for arm, seed, step, sample_seed in plan:
         run = spec.run_dir(arm, seed)
         path = _checkpoints(run).get(step)
         if path is None:

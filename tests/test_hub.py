@@ -171,6 +171,24 @@ def test_parse_repo_spec(spec, expect):
     assert hub.parse_repo_spec(spec) == expect
 
 
+def test_model_files_and_hub_import_one_way():
+    """checks -> hub_files -> model_files -> hub: the modules that load models never import `vit5_sit.hub`
+    (not even inside a function), so there is no import cycle to break at call time."""
+    import ast
+
+    import vit5_sit.checks
+    import vit5_sit.hub_files
+    import vit5_sit.model_files
+
+    for module in (vit5_sit.hub_files, vit5_sit.model_files):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "vit5_sit.hub" not in imported, module.__name__
+    assert hub.ModelLoadError is vit5_sit.model_files.ModelLoadError is vit5_sit.checks.ModelLoadError
+    assert hub.resolve_model_path is vit5_sit.hub_files.resolve_model_path  # the old names still work
+
+
 def test_cached_repo_loads_offline(hf_cache, model_dir, monkeypatch):
     import huggingface_hub.constants
 

@@ -1,5 +1,5 @@
-"""Ctrl-C (SIGINT) in sample.py and train.py: one line, exit code 130, finished work kept, and the same
-command run again finishes with exactly the output of an uninterrupted run."""
+"""Ctrl-C (SIGINT) in sample.py and train.py, and SIGTERM in train.py: one line, exit code 130, finished work
+kept, and the same command run again finishes with exactly the output of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-def _interrupt_when(cmd: list[str], ready, timeout: float = 120) -> tuple[int, str]:
-    """Start cmd, send SIGINT once ready(stderr so far) holds; return (exit code, stderr)."""
+def _interrupt_when(cmd: list[str], ready, timeout: float = 120, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Start cmd, send ``sig`` (SIGINT) once ready(stderr so far) holds; return (exit code, stderr)."""
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(proc.stderr.fileno(), 4096), b"")),
@@ -36,7 +36,7 @@ def _interrupt_when(cmd: list[str], ready, timeout: float = 120) -> tuple[int, s
     while not ready(b"".join(chunks).decode(errors="replace")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert proc.poll() is None, "the process finished before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     return proc.returncode, b"".join(chunks).decode(errors="replace")
@@ -154,3 +154,9 @@ def test_sigint_in_training_saves_a_checkpoint_and_resumes_exactly(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+    # SIGTERM (`kill PID`, a scheduler's stop) is a stop request too: a checkpoint at the step it stopped at.
+    code, err = _interrupt_when(cmd("term"), lambda text: _bar_at(text, steps), sig=signal.SIGTERM)
+    assert code == 130 and "Traceback" not in err, err
+    step = int(_last_line(err).split()[3])
+    assert [c.step for c in list_checkpoints(tmp_path / "term")] == [step] and 0 < step < steps

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -216,3 +217,56 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     cached = runner.evaluate_all(spec, progress=False, cached_only=True)  # `report`: computes nothing
     assert len(cached) == len(rows) - 1
     assert ("vit5", 1, 4) not in {(r["arm"], r["seed"], r["step"]) for r in cached}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
+    """Ctrl-C (or SIGTERM) sent to the runner alone: each running training finishes its step, saves a
+    checkpoint and exits (it is not killed mid-run), the runner says so and exits 130; re-run, it continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vit5_sit.study import runner
+    from vit5_sit.train.checkpoint import list_checkpoints
+
+    data = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (data / f"c{c}").mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    steps = 400
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
+        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
+        "train": {"global_batch_size": 4, "ckpt_every": steps, "max_steps": steps},
+        "log": {"tracker": "none", "sample_every": 0}}))
+    spec_path = _write_spec(tmp_path, {"name": "tiny", "output_dir": str(tmp_path / "runs"), "steps": [steps],
+                                       "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}]})
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "vit5_sit.study", "train", str(spec_path)]
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs" / "a-s0.log"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # the run's bar has moved: it is in its loop
+        if log.is_file() and re.search(rf"\| *[1-9][0-9]*/{steps}\b", log.read_text(errors="replace")):
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "stopping a-s0 after the current step" in out and "Traceback" not in err, (out, err)
+    saved = [c.step for c in list_checkpoints(tmp_path / "runs" / "a-s0")]
+    assert len(saved) == 1 and 0 < saved[0] < steps, saved  # the step it stopped at, not lost work
+    assert "interrupted at step" in log.read_text(errors="replace")
+
+    spec = load_study(spec_path)
+    assert runner.train_all(spec, poll_s=0.2, log=lambda *_: None) == [("a", 0, 0)]  # continued to the end
+    assert [c.step for c in list_checkpoints(tmp_path / "runs" / "a-s0")][-1] == steps

@@ -19,6 +19,11 @@ class UsageError(ValueError):
     every CLI: each prints it as ``error: <message>`` and exits with code 2."""
 
 
+class ModelLoadError(RuntimeError):
+    """The path does not hold a model we can load; the message says what was expected (raised by
+    `vit5_sit.model_files` and `vit5_sit.hub_files`)."""
+
+
 def writable_folder(folder: str | Path, what: str) -> Path:
     """The nearest existing folder at or above ``folder``, after a probe file was created and removed in it.
 

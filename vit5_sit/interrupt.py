@@ -4,6 +4,7 @@ Sampling needs nothing special: a KeyboardInterrupt may land anywhere, since fin
 atomically and the rest is simply drawn again. Training must not stop half-way through an optimizer or EMA
 update, so `deferred_sigint` turns the first Ctrl-C into a request that the loop reads at the end of a step
 (`stop_requested`); the loop then saves a checkpoint and raises `Interrupted`. A second Ctrl-C stops at once.
+SIGTERM is treated the same way (`STOP_SIGNALS`), so ``kill PID`` or a scheduler's stop keeps the work too.
 Until a loop first asks, Ctrl-C raises at once (there is nothing to keep yet).
 """
 
@@ -15,6 +16,9 @@ import threading
 from collections.abc import Iterator
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+# SIGTERM (``kill PID``, a batch scheduler's stop or pre-emption notice) is handled like Ctrl-C: the first one
+# asks the loop to stop after its step with a checkpoint, a second one stops at once.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(Exception):
@@ -38,7 +42,7 @@ def _handler(signum, frame) -> None:
 
 @contextlib.contextmanager
 def deferred_sigint(enabled: bool = True) -> Iterator[None]:
-    """Within this block the first Ctrl-C is a stop request for loops that call `stop_requested`.
+    """Within this block the first Ctrl-C (or SIGTERM) is a stop request for loops that call `stop_requested`.
 
     Disabled (or off the main thread) it does nothing; multi-process launches leave Ctrl-C alone, since the
     processes could stop at different steps and wait for each other forever.
@@ -46,10 +50,11 @@ def deferred_sigint(enabled: bool = True) -> Iterator[None]:
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, _handler)
+    previous = {sig: signal.signal(sig, _handler) for sig in STOP_SIGNALS}
     _state.update(polled=False, requested=False)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         _state.update(polled=False, requested=False)

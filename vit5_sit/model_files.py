@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checks import first_line
+from vit5_sit.checks import ModelLoadError, first_line
 from vit5_sit.config import ExperimentConfig, load_config
+from vit5_sit.hub_files import parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
@@ -25,10 +26,6 @@ from vit5_sit.train.checkpoint import (
 )
 
 DEMO_MODEL = Path(__file__).parent / "assets" / "demo"
-
-
-class ModelLoadError(RuntimeError):
-    """The path does not hold a model we can load; the message says what was expected."""
 
 
 def _weights_in(folder: Path, use_ema: bool) -> Path | None:
@@ -43,8 +40,6 @@ def local_model_path(path: str | Path | None) -> Path:
     """The path as given (None: the demo model), or for a Hub repo id its snapshot folder in the cache."""
     if path is None:
         return DEMO_MODEL
-    from vit5_sit.hub import parse_repo_spec, resolve_model_path
-
     if Path(path).exists() or parse_repo_spec(str(path)) is None:
         return Path(path)  # a missing path is reported by the caller
     return resolve_model_path(path)

@@ -41,7 +41,7 @@ def hub_reachable() -> bool:
     return host_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """Hub ids are 'name' or 'org/name'; anything else that is not a folder is a mistyped path."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
@@ -76,7 +76,7 @@ def load_vae(
                 f"could not load VAE from folder {str(path)!r} (expected a config.json and weights written "
                 f"by AutoencoderKL.save_pretrained): {e}"
             ) from e
-    elif _looks_like_path(name_or_path):
+    elif looks_like_path(name_or_path):
         raise VAELoadError(f"could not load VAE {name_or_path!r}: no such folder")
     else:
         try:

@@ -132,9 +132,9 @@ def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denois
         fields = file_config_fields(state, cfg.class_dropout_prob > 0)
         differing = {k: (v, getattr(cfg, k)) for k, v in fields.items() if getattr(cfg, k) != v}
         hints = [f"this file has {k}={v!r}; pass {k}={v!r} (the model has {m!r})" for k, (v, m) in differing.items()]
-        details = [f"{len(missing)} missing keys: {_listed(missing)}" if missing else "",
-                   f"{len(unexpected)} unexpected keys: {_listed(unexpected)}" if unexpected else "",
-                   f"{len(shapes)} shape mismatches: {_listed(shapes)}" if shapes else ""]
+        details = [f"{len(missing)} missing keys: {listed(missing)}" if missing else "",
+                   f"{len(unexpected)} unexpected keys: {listed(unexpected)}" if unexpected else "",
+                   f"{len(shapes)} shape mismatches: {listed(shapes)}" if shapes else ""]
         details = [d for d in details if d]
         raise StateDictMismatch(f"{path}: does not fit the model. " + "; ".join(hints + details), fields,
                                 differing, details)
@@ -142,6 +142,7 @@ def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denois
     return model
 
 
-def _listed(items: list[str]) -> str:
+def listed(items: list[str]) -> str:
+    """The first few names, comma-separated, and how many more there are (for mismatch messages)."""
     more = f", ... ({len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else ""
     return ", ".join(items[:_MAX_LISTED]) + more

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +83,7 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Arm, int, subprocess.Popen, object]] = []
     results = []
+    previous_term = _sigterm_as_interrupt()
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -88,8 +91,10 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
                 run = spec.run_dir(arm, seed)
                 logf = open(run.with_name(run.name + ".log"), "ab")  # noqa: SIM115 - closed when the run ends
                 log(f"  start {run.name} (from step {trained_step(spec, arm, seed)} to {until}); log: {logf.name}")
+                # Its own process group: a Ctrl-C at the terminal reaches only this runner, which passes one
+                # stop request on to each run (`_stop_runs`), so no run gets the second, stop-at-once signal.
                 proc = subprocess.Popen(train_command(spec, arm, seed, until), stdout=logf,
-                                        stderr=subprocess.STDOUT, env=env, cwd=Path.cwd())
+                                        stderr=subprocess.STDOUT, env=env, cwd=Path.cwd(), process_group=0)
                 running.append((arm, seed, proc, logf))
             time.sleep(poll_s)
             for item in list(running):
@@ -102,11 +107,47 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
                 state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}; see {logf.name})"
                 log(f"  {spec.run_dir(arm, seed).name}: {state}")
     finally:
-        for _, _, proc, logf in running:  # interrupted: stop the children; they resume from their checkpoints
-            proc.terminate()
-            proc.wait()
-            logf.close()
+        try:
+            _stop_runs([(spec.run_dir(arm, seed).name, proc) for arm, seed, proc, _ in running], log)
+        finally:
+            for *_, logf in running:
+                logf.close()
+            if previous_term is not None:
+                signal.signal(signal.SIGTERM, previous_term)
     return results
+
+
+def _sigterm_as_interrupt():
+    """On the main thread, make SIGTERM (``kill``, a scheduler's stop) stop the runner like Ctrl-C, so its runs
+    are stopped gracefully too; returns the previous handler (None where signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _stop_runs(procs: list[tuple[str, subprocess.Popen]], log=print) -> None:
+    """Interrupted: ask every running training to stop the way Ctrl-C does (it finishes its step, saves a
+    checkpoint and exits), then wait for them; a second Ctrl-C while waiting stops them at once."""
+    alive = [(name, proc) for name, proc in procs if proc.poll() is None]
+    if not alive:
+        return
+    log(f"  stopping {', '.join(name for name, _ in alive)} after the current step (a checkpoint is saved); "
+        "Ctrl-C again to stop at once")
+    for _, proc in alive:
+        proc.send_signal(signal.SIGINT)
+    try:
+        for _, proc in alive:
+            proc.wait()
+    except KeyboardInterrupt:
+        for _, proc in alive:
+            if proc.poll() is None:
+                proc.kill()  # the newest finished checkpoint stays; --resume auto continues from it
+                proc.wait()
+        raise
 
 
 def ensure_reference(spec: StudySpec, log=print) -> Path:

@@ -142,7 +142,7 @@ def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
     from vit5_sit.models import create_model
-    from vit5_sit.models.official import _listed, file_config_fields, state_dict_mismatch
+    from vit5_sit.models.official import file_config_fields, listed, state_dict_mismatch
 
     path = Path(start) / "model.safetensors"
     if not path.is_file():
@@ -161,9 +161,9 @@ def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
     fields = file_config_fields(state, "y_embedder.embedding_table.weight" in state and mcfg.class_dropout_prob > 0)
     differing = [f"{k}={v!r} (the config builds {getattr(mcfg, k)!r})" for k, v in fields.items()
                  if getattr(mcfg, k) != v]
-    what = [f"{len(missing)} missing: {_listed(missing)}" if missing else "",
-            f"{len(unexpected)} unexpected: {_listed(unexpected)}" if unexpected else "",
-            f"{len(wrong)} of another shape: {_listed([k for k, _, _ in wrong])}" if wrong else ""]
+    what = [f"{len(missing)} missing: {listed(missing)}" if missing else "",
+            f"{len(unexpected)} unexpected: {listed(unexpected)}" if unexpected else "",
+            f"{len(wrong)} of another shape: {listed([k for k, _, _ in wrong])}" if wrong else ""]
     raise PreflightError(
         f"{start} holds another model than this config builds ({'; '.join(w for w in what if w)}"
         f"{'; the checkpoint has ' + ', '.join(differing) if differing else ''}). Resume with the config of the "

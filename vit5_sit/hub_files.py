@@ -1,0 +1,93 @@
+"""Hub repo ids and model files in the Hugging Face cache: parse ``owner/name[@revision]``, download a model
+repo's files once, or find the cached copy offline.
+
+Kept apart from `vit5_sit.hub` (model cards, export, upload) so that `vit5_sit.model_files` can resolve a repo id
+without importing the module that imports it: the dependency runs one way, checks -> hub_files -> model_files
+-> hub. huggingface_hub is imported inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from vit5_sit.checks import ModelLoadError
+
+CONFIG_FILE = "config.yaml"
+WEIGHTS_FILE = "ema.safetensors"
+CARD_FILE = "README.md"
+METRICS_FILE = "metrics.json"
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, METRICS_FILE)  # what is downloaded and uploaded
+LIBRARY_NAME = "vit5-sit"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def parse_repo_spec(spec: str) -> tuple[str, str | None] | None:
+    """(repo_id, revision) for ``owner/name`` or ``owner/name@revision``; None for anything else."""
+    from vit5_sit.data.vae import looks_like_path
+
+    repo, _, revision = spec.partition("@")
+    if looks_like_path(repo) or not _REPO_ID.match(repo):
+        return None
+    return repo, revision or None
+
+
+def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                       token: str | None = None) -> Path:
+    """A local path as it is; a Hub repo id (not an existing path) -> its snapshot folder in the cache."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    parsed = parse_repo_spec(str(spec))
+    if parsed is None:
+        raise ModelLoadError(f"no such file or folder: {spec}")
+    repo_id, rev = parsed
+    return download_model(repo_id, revision=revision or rev, cache_dir=cache_dir, token=token,
+                          not_local=str(spec))
+
+
+def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                   token: str | None = None, not_local: str | None = None) -> Path:
+    """The snapshot folder of a model repo: downloaded (only our files) or, offline, from the cache.
+
+    ``not_local``: the path the user gave, when it was taken for a repo id because no such path exists;
+    errors then say both.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from vit5_sit.data.vae import hub_offline_by_env, hub_reachable
+
+    name = repo_id + (f"@{revision}" if revision else "")
+    short = f"{name}: "
+    prefix = f"{not_local}: no such file or folder here; as a Hub repo id: " if not_local else short
+    offline = hub_offline_by_env() or not hub_reachable()  # one quick probe instead of retries
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, token=token,
+                                        allow_patterns=list(MODEL_FILES), local_files_only=offline,
+                                        library_name=LIBRARY_NAME))
+    except RevisionNotFoundError:
+        raise ModelLoadError(f"{short}the repo has no revision {revision!r} (a branch, tag or commit)") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{prefix}no such model repo on the Hub (a private or gated repo needs a token: "
+                             "`hf auth login` or HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE=1" if hub_offline_by_env() else f"{constants.ENDPOINT} unreachable"
+        cache = cache_dir or constants.HF_HUB_CACHE
+        raise ModelLoadError(
+            f"{prefix}offline ({why}) and {name} is not in the Hugging Face cache ({cache}). On a connected "
+            f"machine run `hf download {repo_id}` and copy the cache folder here (or point HF_HUB_CACHE at "
+            "it), or pass a local model folder") from None
+    except (HfHubHTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{short}download failed: {first}") from None
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        raise ModelLoadError(f"{short}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "
+                             f"found: {', '.join(found) or 'none of our files'})")
+    return folder

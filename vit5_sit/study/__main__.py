@@ -7,8 +7,9 @@
     python -m vit5_sit.study report configs/study/mnist.yaml              # the report from what is evaluated
 
 Every part resumes: training runs `train.py --resume auto`, samples and metrics are cached under each run, so
-the same command re-run redoes nothing that is done and continues what is not. Ctrl-C stops the training
-subprocesses; run the command again to continue.
+the same command re-run redoes nothing that is done and continues what is not. Ctrl-C (or SIGTERM) asks
+every running training to stop after its current step with a checkpoint (a second Ctrl-C stops them at once);
+run the command again to continue.
 """
 
 from __future__ import annotations

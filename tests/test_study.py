@@ -248,6 +248,8 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)  # served from the caches
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
     assert [r["fid"] for r in first] == [r["fid"] for r in rows if r["sample_seed"] == 0]
+    assert main(["eval", str(spec_path), "--no-noise", "--arms", "sit", "--no-progress"]) == 0  # all cached
+    assert "Sampling noise" in (tmp_path / "results" / "study.md").read_text()  # the report keeps every row
 
     def no_scoring(*args, **kwargs):
         raise AssertionError("scored again")

@@ -25,9 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
+def sigint_default() -> None:
+    """In the child before exec: Ctrl-C at its default. A shell that starts a job in the background (`cmd &`,
+    as CI runners and nohup launches do) leaves SIGINT ignored, and Python then keeps ignoring it: the test
+    would measure how it was launched, not the code."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_when(cmd: list[str], ready, timeout: float = 120, sig: int = signal.SIGINT) -> tuple[int, str]:
     """Start cmd, send ``sig`` (SIGINT) once ready(stderr so far) holds; return (exit code, stderr)."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=sigint_default)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(proc.stderr.fileno(), 4096), b"")),
                               daemon=True)

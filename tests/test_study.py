@@ -52,6 +52,42 @@ def test_aggregate_names_missing_seeds_instead_of_dropping_them():
     assert "pending" in table
 
 
+def _decision_spec(steps=(100, 200)):
+    from vit5_sit.study import DecisionSpec
+
+    arms = [Arm(n, "c.yaml", seeds=(0, 1, 2)) for n in ("base", "paper", "g", "h")]
+    return StudySpec(name="t", output_dir="runs", results_dir="out", steps=tuple(steps), arms=tuple(arms),
+                     decision=DecisionSpec(reference="paper", candidates=("paper", "g", "h"), baseline="base"))
+
+
+def test_decision_rule_picks_a_winner_only_beyond_the_combined_seed_sd():
+    from vit5_sit.study import decide
+
+    spec = _decision_spec()
+    rows = [_row("paper", s, 100, v) for s, v in enumerate((230.0, 234.0))]   # mean 232, sd 2.83
+    rows += [_row("g", s, 100, v) for s, v in enumerate((204.0, 208.0))]      # mean 206, sd 2.83
+    rows += [_row("base", s, 100, v) for s, v in enumerate((236.0, 240.0))]
+    rows += [_row("h", 0, 100, 150.0)]  # one seed only: reported as not included, however good it looks
+    rows += [_row("paper", 0, 200, 160.0), _row("g", 0, 200, 140.0)]          # step 200: one seed each
+    d = decide(spec, rows)
+    assert d["step"] == 100 and d["winner"] == "g" and d["resolved"]
+    assert d["lead"] == pytest.approx(26.0) and d["margin"] == pytest.approx(math.hypot(2 * 2**0.5, 2 * 2**0.5))
+    assert [r[0] for r in d["ranking"]] == ["g", "paper"] and d["excluded"] == ["h"]
+    assert d["baseline"][0] == "base" and d["baseline"][1] == pytest.approx(238.0)
+    table = format_report(spec, rows)
+    assert "**`g` wins**: 26.0 FID ahead of `paper`" in table and "Not included" in table
+
+    close = [r if r["arm"] != "g" else {**r, "fid": r["fid"] + 24.0} for r in rows]  # g: 228, 232 -> lead 2
+    d = decide(spec, close)
+    assert d["winner"] == "paper" and not d["resolved"] and d["lead"] == pytest.approx(2.0)
+    assert "**Not resolved**" in format_report(spec, close)
+
+    d = decide(spec, [_row("paper", 0, 100, 1.0), _row("g", 0, 100, 2.0)])  # nothing with two seeds yet
+    assert d["step"] is None and d["winner"] == "paper" and not d["resolved"]
+    assert "Not decidable yet" in format_report(spec, [_row("paper", 0, 100, 1.0)])
+    assert decide(_spec([Arm("a", "c.yaml", seeds=(0,))]), rows) is None  # a study without a rule
+
+
 def test_sampling_noise_is_the_pooled_sd_of_paired_differences():
     spec = _spec([Arm("a", "c.yaml", seeds=(0, 1))], steps=(100,), noise_seed=7)
     rows = [_row("a", 0, 100, 10.0), _row("a", 0, 100, 12.0, 7), _row("a", 1, 100, 20.0), _row("a", 1, 100, 16.0, 7)]
@@ -76,6 +112,11 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.rope"]}]}, "key=value"),
     ({"eval": {"num_samples": 0}}, "eval.num_samples"),
     ({"eval": {"samples": 10}}, "unknown key(s) samples"),
+    ({"decision": {"reference": "b", "candidates": ["a"]}}, "decision.reference: 'b' is not an arm"),
+    ({"decision": {"reference": "a", "candidates": ["a", "z"]}}, "decision.candidates: 'z' is not an arm"),
+    ({"decision": {"reference": "a", "candidates": ["a"], "min_seeds": 1}}, "decision.min_seeds: 1"),
+    ({"decision": {"reference": "a", "candidates": []}}, "decision.candidates"),
+    ({"decision": {"reference": "a", "candidates": ["a"], "rule": 1}}, "unknown key(s) rule"),
 ])
 def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
     cfg = tmp_path / "c.yaml"
@@ -207,6 +248,8 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)  # served from the caches
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
     assert [r["fid"] for r in first] == [r["fid"] for r in rows if r["sample_seed"] == 0]
+    assert main(["eval", str(spec_path), "--no-noise", "--arms", "sit", "--no-progress"]) == 0  # all cached
+    assert "Sampling noise" in (tmp_path / "results" / "study.md").read_text()  # the report keeps every row
 
     def no_scoring(*args, **kwargs):
         raise AssertionError("scored again")

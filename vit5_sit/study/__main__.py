@@ -80,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
                 return 1
         if args.command in ("run", "eval", "report"):
-            rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
-                                       noise=not args.no_noise, cached_only=args.command == "report",
-                                       arms=args.arms, seeds=args.seeds, steps=args.steps)
-            if args.arms or args.seeds or args.steps:  # part evaluated: the report holds all that is scored
-                rows = runner.evaluate_all(spec, noise=not args.no_noise, cached_only=True)
+            if args.command != "report":
+                rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
+                                           noise=not args.no_noise, arms=args.arms, seeds=args.seeds,
+                                           steps=args.steps)
+            if args.command == "report" or args.arms or args.seeds or args.steps or args.no_noise:
+                # The report holds every evaluation done so far (the sampling-noise ones included), whatever
+                # part of the study this command evaluated: it is the same file, never a partial view.
+                rows = runner.evaluate_all(spec, noise=True, cached_only=True)
             path = write_report(spec, rows, args.out)
             print(path.read_text())
             print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")

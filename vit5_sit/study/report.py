@@ -66,6 +66,76 @@ def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid") -> li
     return out
 
 
+def decide(spec: StudySpec, rows: list[dict]) -> dict | None:
+    """Apply the study's pre-registered decision rule (`DecisionSpec`) to the FID rows; None without a rule.
+
+    The step is the last one at which the reference arm and at least one other candidate have ``min_seeds``
+    scored training seeds; candidates with fewer seeds there are listed as not included. The best candidate
+    (lowest mean) replaces the reference only if its lead exceeds sqrt(sd_best^2 + sd_reference^2).
+    Returns {"step", "ranking": [(arm, mean, sd, n)], "winner", "resolved", "lead", "margin",
+    "excluded": [arm], "baseline": (arm, mean, sd, n) | None}; "step" is None when no step qualifies yet.
+    """
+    rule = spec.decision
+    if rule is None:
+        return None
+    agg = {(a["arm"], a["step"]): a for a in aggregate(spec, rows, "fid")}
+    enough = {(arm, step) for (arm, step), a in agg.items() if a["n"] >= rule.min_seeds}
+    steps = [st for st in spec.steps if (rule.reference, st) in enough
+             and any((c, st) in enough for c in rule.candidates if c != rule.reference)]
+    out = {"step": None, "reference": rule.reference, "min_seeds": rule.min_seeds, "ranking": [], "winner":
+           rule.reference, "resolved": False, "lead": None, "margin": None, "excluded": [], "baseline": None}
+    if not steps:
+        out["excluded"] = list(rule.candidates)
+        return out
+    step = steps[-1]
+
+    def summary(arm: str) -> tuple[str, float, float, int]:
+        a = agg[arm, step]
+        return arm, a["mean"], a["sd"], a["n"]
+
+    ranking = sorted((summary(c) for c in rule.candidates if (c, step) in enough), key=lambda r: r[1])
+    best, ref = ranking[0], summary(rule.reference)
+    lead, margin = ref[1] - best[1], math.hypot(best[2], ref[2])
+    resolved = best[0] != rule.reference and lead > margin
+    out.update(step=step, ranking=ranking, lead=lead, margin=margin, resolved=resolved,
+               winner=best[0] if resolved else rule.reference,
+               excluded=[c for c in rule.candidates if (c, step) not in enough])
+    if rule.baseline and (rule.baseline, step) in enough:
+        out["baseline"] = summary(rule.baseline)
+    return out
+
+
+def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
+    rule = spec.decision
+    lines = ["## Decision (the pre-registered rule, applied to the table)", "",
+             f"Candidates: {', '.join(rule.candidates)}; the default stays `{rule.reference}` unless the best "
+             f"candidate's lead in mean FID exceeds sqrt(sd_best² + sd_{rule.reference}²), at the last step where "
+             f"`{rule.reference}` and another candidate have ≥ {rule.min_seeds} training seeds.", ""]
+    if d["step"] is None:
+        return lines + [f"**Not decidable yet**: no step has ≥ {rule.min_seeds} seeds for `{rule.reference}` "
+                        "and another candidate.", ""]
+    lines += [f"Step {d['step']:,}:", "", "| rank | arm | FID mean ± sd | seeds |", "|---:|---|---:|---:|"]
+    for i, (arm, mean, sd, n) in enumerate(d["ranking"], 1):
+        lines.append(f"| {i} | `{arm}` | {mean:.1f} ± {sd:.1f} | {n} |")
+    best = d["ranking"][0][0]
+    if best == rule.reference:
+        verdict = f"**`{rule.reference}` stays**: it has the lowest mean FID."
+    elif d["resolved"]:
+        verdict = (f"**`{best}` wins**: {d['lead']:.1f} FID ahead of `{rule.reference}`, more than the combined "
+                   f"training-seed sd {d['margin']:.1f}.")
+    else:
+        verdict = (f"**Not resolved**: `{best}` is {d['lead']:.1f} FID ahead of `{rule.reference}`, within the "
+                   f"combined training-seed sd {d['margin']:.1f}; `{rule.reference}` stays the default.")
+    lines += ["", verdict]
+    if d["baseline"]:
+        arm, mean, sd, n = d["baseline"]
+        lines.append(f"Baseline `{arm}` at the same step: {mean:.1f} ± {sd:.1f} ({n} seeds).")
+    if d["excluded"]:
+        lines.append(f"Not included (fewer than {rule.min_seeds} seeds at step {d['step']:,}): "
+                     f"{', '.join(f'`{c}`' for c in d['excluded'])}.")
+    return lines + [""]
+
+
 def _cell(entry: dict, digits: int) -> str:
     if entry["mean"] is None:
         return "pending"
@@ -113,6 +183,9 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
             pairs = "; ".join(f"s{s}: {a:.1f} / {b:.1f}" for s, a, b in n["pairs"])
             lines.append(f"| {n['arm']} | {n['step']:,} | {pairs} | {n['sd']:.2f} |")
         lines.append("")
+    decision = decide(spec, rows)
+    if decision is not None:
+        lines += _decision_lines(spec, decision)
     return "\n".join(lines)
 
 
@@ -180,7 +253,7 @@ def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None =
                "arms": [{"name": a.name, "label": a.label, "config": a.config, "overrides": list(a.overrides),
                          "seeds": list(a.seeds)} for a in spec.arms],
                "aggregate": {m: aggregate(spec, rows, m) for m in spec.eval.metrics},
-               "sampling_noise": sampling_noise(spec, rows),
+               "sampling_noise": sampling_noise(spec, rows), "decision": decide(spec, rows),
                "rows": [{k: v for k, v in r.items() if k != "samples"} for r in rows]}
     atomic_write_text(out / "study.json", json.dumps(payload, indent=1, default=str) + "\n")
     if "fid" in spec.eval.metrics and rows:

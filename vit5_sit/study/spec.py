@@ -55,6 +55,18 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
+class DecisionSpec:
+    """The decision rule, fixed before the results (docs/study/README.md): among ``candidates``, the arm with the
+    lowest mean FID at the last step where the ``reference`` arm and another candidate have ``min_seeds``
+    seeds wins, if its lead over ``reference`` exceeds the two arms' training-seed sds combined; otherwise
+    ``reference`` stays. ``baseline`` (optional) is compared alongside, for information."""
+    reference: str                         # the arm that stays the default unless beaten (the paper preset)
+    candidates: tuple[str, ...]            # arms that may replace it (reference included)
+    baseline: str | None = None            # e.g. the vanilla block
+    min_seeds: int = 2
+
+
+@dataclass(frozen=True)
 class StudySpec:
     name: str
     output_dir: str
@@ -63,6 +75,7 @@ class StudySpec:
     arms: tuple[Arm, ...]
     eval: EvalSpec = field(default_factory=EvalSpec)
     source: str = ""                       # the YAML file this came from
+    decision: DecisionSpec | None = None   # the pre-registered rule the report applies (none: no decision)
 
     @property
     def max_steps(self) -> int:
@@ -126,7 +139,7 @@ def load_study(path: str | Path) -> StudySpec:
         raise StudyError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: expected a mapping with name, steps, seeds, arms")
-    _known(str(path), raw, {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms"})
+    _known(str(path), raw, {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms", "decision"})
     steps = _int_list("steps", raw.get("steps"), 1)
     if list(steps) != sorted(steps):
         raise StudyError(f"steps: {list(steps)} must be increasing")
@@ -159,4 +172,25 @@ def load_study(path: str | Path) -> StudySpec:
         output_dir=str(raw.get("output_dir", "runs/study")),
         results_dir=str(raw.get("results_dir", "docs/study")),
         steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
+        decision=_decision_spec(raw.get("decision"), names),
     )
+
+
+def _decision_spec(raw, names: set[str]) -> DecisionSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise StudyError(f"decision: expected a mapping with reference and candidates, got {raw!r}")
+    _known("decision", raw, {"reference", "candidates", "baseline", "min_seeds"})
+    listed = ", ".join(sorted(names))
+    ref, base, cands = raw.get("reference"), raw.get("baseline"), raw.get("candidates")
+    if not isinstance(cands, list) or not cands:
+        raise StudyError("decision.candidates: expected a non-empty list of arm names")
+    for key, arm in [("reference", ref), ("baseline", base), *(("candidates", c) for c in cands)]:
+        if (arm is not None or key != "baseline") and arm not in names:
+            raise StudyError(f"decision.{key}: {arm!r} is not an arm of this study (arms: {listed})")
+    min_seeds = raw.get("min_seeds", 2)
+    if not isinstance(min_seeds, int) or isinstance(min_seeds, bool) or min_seeds < 2:
+        raise StudyError(f"decision.min_seeds: {min_seeds!r} must be an integer >= 2 (an sd needs two seeds)")
+    return DecisionSpec(reference=ref, candidates=tuple(dict.fromkeys([ref, *cands])), baseline=base,
+                        min_seeds=min_seeds)

@@ -74,3 +74,12 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_the_generation_preset_config_is_the_study_arm_it_came_from():
+    """configs/mnist/vit5g.yaml (preset ViT5G-T/4) builds exactly the model of the study's vit5-nols arm, and
+    the paper-faithful vit5.yaml still builds LayerScale 1e-4."""
+    gen = load_config(ROOT / "configs/mnist/vit5g.yaml").model_config()
+    assert gen == load_config(ROOT / "configs/mnist/vit5-nols.yaml").model_config()
+    assert gen.layer_scale_init is None
+    assert load_config(ROOT / "configs/mnist/vit5.yaml").model_config().layer_scale_init == 1e-4

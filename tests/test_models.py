@@ -6,6 +6,7 @@ counted on the meta device.
 
 import argparse
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -512,7 +513,7 @@ def test_bad_config_values_name_the_value_and_the_choices():
 
 def test_presets():
     sizes = ("T", "S", "B", "L", "XL")
-    assert set(PRESETS) == {f"{f}-{s}/{p}" for f in ("SiT", "ViT5") for s in sizes for p in (2, 4, 8)}
+    assert set(PRESETS) == {f"{f}-{s}/{p}" for f in ("SiT", "ViT5", "ViT5G") for s in sizes for p in (2, 4, 8)}
     assert PRESETS["SiT-XL/2"] == ModelConfig()  # the defaults are the official SiT-XL/2
     vit5 = PRESETS["ViT5-XL/2"]
     assert (vit5.norm, vit5.qk_norm, vit5.qkv_bias, vit5.pos_embed, vit5.rope, vit5.num_registers,
@@ -522,6 +523,10 @@ def test_presets():
     assert (tiny_cfg.depth, tiny_cfg.hidden_size, tiny_cfg.num_heads, tiny_cfg.patch_size) == (6, 192, 3, 8)
     cfg = model_config("ViT5-B/2", rope=False)  # an ablation is one override; the registry is untouched
     assert not cfg.rope and PRESETS["ViT5-B/2"].rope
+    for s in sizes:  # the generation preset: the paper's ViT-5 without LayerScale, nothing else changed
+        for p in (2, 4, 8):
+            assert PRESETS[f"ViT5G-{s}/{p}"] == dataclasses.replace(PRESETS[f"ViT5-{s}/{p}"], layer_scale_init=None)
+            assert PRESETS[f"ViT5-{s}/{p}"].layer_scale_init == 1e-4  # the paper-faithful presets unchanged
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """Presets: the size registry whose keys are the CLI's model choices (`SiT-{T,S,B,L,XL}/{2,4,8}`,
-`ViT5-...`), and the factories `model_config` and `create_model`. Any field can be overridden."""
+`ViT5-...`, `ViT5G-...`), and the factories `model_config` and `create_model`. Any field can be overridden.
+
+`ViT5-*` is ViT-5 as its paper specifies it (LayerScale 1e-4 included); `ViT5G-*` is the generation preset our
+multi-seed MNIST study supports (docs/study/README.md): the same components without LayerScale, whose small
+factor multiplies onto adaLN-Zero's zero-initialised gate and delays learning. Both stay one flag away."""
 
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ VIT5 = dict(  # the ViT-5 components; everything else as the official SiT
     num_registers=4, register_rope_base=100.0, layer_scale_init=1e-4, mlp="gelu",
 )
 
+VIT5G = {**VIT5, "layer_scale_init": None}  # the generation preset: ViT-5 without LayerScale
+
 
 def SiT(size: str, patch_size: int) -> ModelConfig:
     """The official SiT model (vanilla ViT backbone)."""
@@ -33,9 +39,15 @@ def ViT5(size: str, patch_size: int) -> ModelConfig:
     return ModelConfig(patch_size=patch_size, **SIZES[size], **VIT5)
 
 
+def ViT5G(size: str, patch_size: int) -> ModelConfig:
+    """ViT-5 for generation in adaLN-Zero blocks: every ViT-5 component but LayerScale (docs/study)."""
+    return ModelConfig(patch_size=patch_size, **SIZES[size], **VIT5G)
+
+
 PRESETS: dict[str, ModelConfig] = {
     **{f"SiT-{s}/{p}": SiT(s, p) for s in SIZES for p in PATCH_SIZES},
     **{f"ViT5-{s}/{p}": ViT5(s, p) for s in SIZES for p in PATCH_SIZES},
+    **{f"ViT5G-{s}/{p}": ViT5G(s, p) for s in SIZES for p in PATCH_SIZES},
 }
 
 

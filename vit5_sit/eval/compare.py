@@ -151,7 +151,7 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
 def _local_run(spec) -> tuple[Path, str | None]:
     """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
     the cache) as a model folder."""
-    from vit5_sit.hub import parse_repo_spec, resolve_model_path
+    from vit5_sit.hub_files import parse_repo_spec, resolve_model_path
     from vit5_sit.model_files import ModelLoadError
 
     if Path(spec).exists() or parse_repo_spec(str(spec)) is None:

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vit5_sit.config import load_config, save_config
+from vit5_sit.interrupt import sigint_at_default
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import list_checkpoints
 
@@ -25,17 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-def sigint_default() -> None:
-    """In the child before exec: Ctrl-C at its default. A shell that starts a job in the background (`cmd &`,
-    as CI runners and nohup launches do) leaves SIGINT ignored, and Python then keeps ignoring it: the test
-    would measure how it was launched, not the code."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _interrupt_when(cmd: list[str], ready, timeout: float = 120, sig: int = signal.SIGINT) -> tuple[int, str]:
     """Start cmd, send ``sig`` (SIGINT) once ready(stderr so far) holds; return (exit code, stderr)."""
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=sigint_default)
+                            preexec_fn=sigint_at_default)  # not how the test was launched
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(proc.stderr.fileno(), 4096), b"")),
                               daemon=True)
@@ -76,6 +70,16 @@ def model_dir(tmp_path) -> Path:
 
 
 @pytest.mark.slow
+def test_sigint_at_default_undoes_an_ignored_sigint():
+    """What a background launch leaves behind (SIGINT ignored) is undone for the children we start."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sigint_at_default()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tmp_path):
     args = ["--ckpt", str(model_dir), "--num-samples", "240", "--part-size", "40", "--batch-size", "8"]
     cmd = [sys.executable, str(ROOT / "sample.py"), *args]

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from vit5_sit.interrupt import sigint_at_default
 from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load_study, mean_sd, sampling_noise
 from vit5_sit.study.__main__ import main
 from vit5_sit.study.report import format_report
@@ -295,7 +296,7 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "vit5_sit.study", "train", str(spec_path)]
     proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see sigint_default
+                            preexec_fn=sigint_at_default)
     log = tmp_path / "runs" / "a-s0.log"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # the run's bar has moved: it is in its loop

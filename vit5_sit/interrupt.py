@@ -34,6 +34,16 @@ def stop_requested() -> bool:
     return _state["requested"]
 
 
+def sigint_at_default() -> None:
+    """Set Ctrl-C back to its default; meant as ``preexec_fn`` of a child process that must be stoppable.
+
+    A shell that starts a job in the background (``cmd &``, ``nohup``, CI runners) leaves SIGINT *ignored*, and
+    a Python child inherits that until it installs its own handler: a stop request sent while it starts up
+    would be lost. Children started with this hear the first Ctrl-C however their parent was launched.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _handler(signum, frame) -> None:
     if not _state["polled"] or _state["requested"]:  # nothing to keep yet, or the second Ctrl-C
         raise KeyboardInterrupt

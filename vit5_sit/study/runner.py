@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..interrupt import sigint_at_default
 from .spec import Arm, StudyError, StudySpec
 
 
@@ -95,7 +96,7 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
                 # stop request on to each run (`_stop_runs`), so no run gets the second, stop-at-once signal.
                 proc = subprocess.Popen(train_command(spec, arm, seed, until), stdout=logf,
                                         stderr=subprocess.STDOUT, env=env, cwd=Path.cwd(), process_group=0,
-                                        preexec_fn=_sigint_default)
+                                        preexec_fn=sigint_at_default)
                 running.append((arm, seed, proc, logf))
             time.sleep(poll_s)
             for item in list(running):
@@ -116,12 +117,6 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
             if previous_term is not None:
                 signal.signal(signal.SIGTERM, previous_term)
     return results
-
-
-def _sigint_default() -> None:
-    """In a training child before exec: Ctrl-C at its default, even when this runner was started in the
-    background (where the shell leaves SIGINT ignored), so the stop request always reaches the run."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _sigterm_as_interrupt():

@@ -4,6 +4,7 @@ Inception runs at a few images/s on a CPU here, so every image goes through it o
 compute features of 50 + 50 real MNIST digits and 30 noise images and the tests share them.
 """
 
+import copy
 import gzip
 import importlib.util
 import json
@@ -97,6 +98,18 @@ def test_fid_helper_weights_in_torch_fidelity_match_the_torchscript_model(incept
     assert logits is None and pool.shape == (3, 2048)
     assert np.abs(pool - expected).max() < 1e-4, np.abs(pool - expected).max()
     assert np.abs(expected).max() > 1.0  # the comparison is not between near-zero vectors
+
+
+def test_channels_last_inception_gives_the_features_of_the_plain_layout(inception, digits):
+    """The CPU speed-up (weights in channels_last) changes the memory layout, not the features."""
+    assert inception.model.Conv2d_1a_3x3.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    plain = copy.deepcopy(inception.model).to(memory_format=torch.contiguous_format)
+    images = torch.as_tensor(digits[:3]).permute(0, 3, 1, 2).contiguous()
+    pool, _ = inception(digits[:3])
+    with torch.no_grad():
+        expected = plain(images)[0].numpy()
+    assert np.abs(pool - expected).max() < 1e-4, np.abs(pool - expected).max()
+    assert np.abs(expected).max() > 0.5  # not near-zero vectors
 
 
 def test_torchscript_files_other_than_the_pinned_one_are_refused(tmp_path):

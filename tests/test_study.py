@@ -264,10 +264,12 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
+@pytest.mark.parametrize(("sig", "launch"), [("SIGINT", "foreground"), ("SIGTERM", "foreground"),
+                                            ("SIGINT", "background")])
+def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_continues(tmp_path, sig, launch):
     """Ctrl-C (or SIGTERM) sent to the runner alone: each running training finishes its step, saves a
-    checkpoint and exits (it is not killed mid-run), the runner says so and exits 130; re-run, it continues."""
+    checkpoint and exits (it is not killed mid-run), the runner says so and exits 130; re-run, it continues.
+    "background": the runner starts with SIGINT ignored, as ``nohup cmd &`` leaves it; ``kill -INT`` still works."""
     import os
     import signal
     import subprocess
@@ -295,8 +297,11 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "vit5_sit.study", "train", str(spec_path)]
+    def sigint_ignored() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_at_default)
+                            preexec_fn=sigint_at_default if launch == "foreground" else sigint_ignored)
     log = tmp_path / "runs" / "a-s0.log"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # the run's bar has moved: it is in its loop

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..interrupt import sigint_at_default
+from ..interrupt import STOP_SIGNALS, sigint_at_default
 from .spec import Arm, StudyError, StudySpec
 
 
@@ -84,7 +84,7 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Arm, int, subprocess.Popen, object]] = []
     results = []
-    previous_term = _sigterm_as_interrupt()
+    previous = _stop_signals_as_interrupt()
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -114,21 +114,25 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
         finally:
             for *_, logf in running:
                 logf.close()
-            if previous_term is not None:
-                signal.signal(signal.SIGTERM, previous_term)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return results
 
 
-def _sigterm_as_interrupt():
-    """On the main thread, make SIGTERM (``kill``, a scheduler's stop) stop the runner like Ctrl-C, so its runs
-    are stopped gracefully too; returns the previous handler (None where signals cannot be set)."""
+def _stop_signals_as_interrupt() -> dict:
+    """On the main thread, make Ctrl-C and SIGTERM (``kill``, a scheduler's stop) stop the runner, so its runs
+    are stopped gracefully too; returns the previous handlers (empty where signals cannot be set).
+
+    SIGINT is set explicitly rather than left to Python: a runner started in the background (``cmd &``,
+    ``nohup``) inherits SIGINT *ignored*, and ``kill -INT`` would then do nothing while its trainings go on.
+    """
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
 
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, handler)
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
 def _stop_runs(procs: list[tuple[str, subprocess.Popen]], log=print) -> None:

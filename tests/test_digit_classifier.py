@@ -13,7 +13,7 @@ from PIL import Image
 from vit5_sit import digit_classifier as dc
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_MIN_CORRECT = 39  # of the 40 samples of `python sample.py` (the ViT5G demo reads 40/40; one of slack for other CPUs)
+DEMO_MIN_CORRECT = 39  # of the 40 samples of `python sample.py` (the ViT5G demo: 40/40; one of slack for other CPUs)
 
 
 def test_classifier_is_small_and_reads_held_out_real_digits():

@@ -69,7 +69,6 @@ def model_dir(tmp_path) -> Path:
     return folder
 
 
-@pytest.mark.slow
 def test_sigint_at_default_undoes_an_ignored_sigint():
     """What a background launch leaves behind (SIGINT ignored) is undone for the children we start."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -80,6 +79,7 @@ def test_sigint_at_default_undoes_an_ignored_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tmp_path):
     args = ["--ckpt", str(model_dir), "--num-samples", "240", "--part-size", "40", "--batch-size", "8"]
     cmd = [sys.executable, str(ROOT / "sample.py"), *args]

@@ -297,6 +297,7 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "vit5_sit.study", "train", str(spec_path)]
+
     def sigint_ignored() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 

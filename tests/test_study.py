@@ -19,6 +19,8 @@ from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load
 from vit5_sit.study.__main__ import main
 from vit5_sit.study.report import format_report
 
+TINY_CONFIG = "name: x\ntrain: {ckpt_every: 100, keep_last: 0}\n"  # a checkpoint at every study step, all kept
+
 
 def _spec(arms, steps=(100, 200), noise_seed=None) -> StudySpec:
     return StudySpec(name="t", output_dir="runs", results_dir="out", steps=tuple(steps), arms=tuple(arms),
@@ -118,10 +120,31 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"decision": {"reference": "a", "candidates": ["a"], "min_seeds": 1}}, "decision.min_seeds: 1"),
     ({"decision": {"reference": "a", "candidates": []}}, "decision.candidates"),
     ({"decision": {"reference": "a", "candidates": ["a"], "rule": 1}}, "unknown key(s) rule"),
+    # found when the file is read, not after hours of training: the sampler, the metrics, the seeds, ...
+    ({"eval": {"mode": "odee"}}, "eval.mode / eval.method: SamplerConfig.mode='odee': must be one of 'ode', 'sde'"),
+    ({"eval": {"mode": "sde", "method": "dopri5"}}, "method='dopri5': must be one of 'euler', 'heun'"),
+    ({"eval": {"metrics": ["fid", "fdd"]}}, "eval.metrics: unknown metric 'fdd'"),
+    ({"eval": {"cfg_scale": "high"}}, "eval.cfg_scale: expected a number >= 0"),
+    ({"eval": {"sample_seed": -1}}, "eval.sample_seed: expected an integer >= 0, got -1"),
+    ({"eval": {"noise_seed": "b"}}, "eval.noise_seed: expected an integer >= 0 or null"),
+    ({"eval": {"num_samples": 100, "noise_seed": 50}}, "eval.noise_seed: 50 gives sample seeds 50..149, which overlap"),
+    ({"eval": {"noise_training_seeds": [3]}}, "eval.noise_training_seeds: 3 is not a training seed of any arm"),
+    ({"eval": {"reference_data": 5}}, "eval.reference_data: expected a string"),
+    ({"name": ["x"]}, "name: expected a non-empty string"),
+    ({"output_dir": 3}, "output_dir: expected a non-empty string, got 3"),
+    ({"arms": [{"name": "a", "config": "CFG", "label": {"x": 1}}]}, "arms[0].label: expected a short text"),
+    # ... and each arm's config with its overrides, and that every evaluated checkpoint is saved and kept
+    ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.ropee=false"]}]},
+     "arms[0] (a): unknown config key 'model.ropee'. Did you mean model.rope?"),
+    ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.rope=maybe"]}]}, "arms[0] (a): model.rope='maybe'"),
+    ({"arms": [{"name": "a", "config": "CFG", "overrides": ["train.ckpt_every=150"]}]},
+     "arms[0] (a): train.ckpt_every=150 saves no checkpoint at step 100, which the study evaluates"),
+    ({"arms": [{"name": "a", "config": "CFG", "overrides": ["train.keep_last=5"]}]},
+     "arms[0] (a): train.keep_last=5 deletes older checkpoints"),
 ])
 def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("name: x\n")
+    cfg.write_text(TINY_CONFIG)
     body = {"name": "t", "steps": [100, 200], "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}], **change}
     body["arms"] = [{**a, "config": str(cfg) if a["config"] == "CFG" else a["config"]} for a in body["arms"]]
     path = _write_spec(tmp_path, body)
@@ -147,7 +170,7 @@ def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_p
     cmd = train_command(spec, spec.arms[0], 1, 100)  # the installed trainer, not a file beside the package
     assert cmd[1:3] == ["-m", "vit5_sit.cli.train"] and "train.seed=1" in cmd
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("name: x\n")
+    cfg.write_text(TINY_CONFIG)
     body = {"name": "t", "steps": [100], "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}]}
     path = _write_spec(tmp_path, body)
     assert main(["train", str(path), "--arms", "zz"]) == 2
@@ -155,6 +178,18 @@ def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_p
     with pytest.raises(SystemExit):
         main(["train", str(path), "--seeds", "x"])
     assert "whole-number seeds" in capsys.readouterr().err
+
+
+def test_run_refuses_a_missing_reference_before_training(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY_CONFIG)
+    path = _write_spec(tmp_path, {"name": "t", "steps": [100], "seeds": [0], "output_dir": str(tmp_path / "runs"),
+                                  "eval": {"reference_data": str(tmp_path / "no-digits")},
+                                  "arms": [{"name": "a", "config": str(cfg)}]})
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "eval.reference_data:" in err and "no-digits is not a folder of real images" in err
+    assert not (tmp_path / "runs").exists()  # nothing was trained
 
 
 def test_evaluation_plan_with_and_without_the_sampling_noise_rescoring():
@@ -209,7 +244,7 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     cfg.write_text(yaml.safe_dump({
         "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
         "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
-        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 4},
+        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 4, "keep_last": 0},
         "log": {"tracker": "none", "sample_every": 0}, "sampler": {"steps": 2}}))
     spec_path = _write_spec(tmp_path, {
         "name": "tiny", "output_dir": str(tmp_path / "runs"), "results_dir": str(tmp_path / "results"),
@@ -290,7 +325,7 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     cfg.write_text(yaml.safe_dump({
         "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
         "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
-        "train": {"global_batch_size": 4, "ckpt_every": steps, "max_steps": steps},
+        "train": {"global_batch_size": 4, "ckpt_every": steps, "max_steps": steps, "keep_last": 0},
         "log": {"tracker": "none", "sample_every": 0}}))
     spec_path = _write_spec(tmp_path, {"name": "tiny", "output_dir": str(tmp_path / "runs"), "steps": [steps],
                                        "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}]})

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in runner.status(spec):
                 print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
             return 0
+        if args.command == "run":
+            runner.check_reference_source(spec)  # before the trainings, not after them
         if args.command in ("run", "train"):
             results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
                                        arms=args.arms, seeds=args.seeds)

@@ -42,10 +42,8 @@ def trained_step(spec: StudySpec, arm: Arm, seed: int) -> int:
 
 
 def train_command(spec: StudySpec, arm: Arm, seed: int, until: int) -> list[str]:
-    run = spec.run_dir(arm, seed)
     return [sys.executable, "-m", "vit5_sit.cli.train", "--config", arm.config,
-            f"output_dir={run.parent}", f"name={run.name}", f"train.seed={seed}", f"train.max_steps={until}",
-            "log.sample_every=0", *arm.overrides, "--resume", "auto"]
+            *spec.train_overrides(arm, seed, until), "--resume", "auto"]
 
 
 def select_pairs(spec: StudySpec, arms: list[str] | None = None,
@@ -162,13 +160,20 @@ def ensure_reference(spec: StudySpec, log=print) -> Path:
 
     path = spec.reference_path
     if not path.is_file():
+        check_reference_source(spec)
         data = Path(spec.eval.reference_data)
-        if not data.is_dir():
-            raise StudyError(f"eval.reference_data: {data} is not a folder of real images; for MNIST run "
-                             f"`python -m vit5_sit.data mnist {data} --resolution 32` first")
         log(f"reference: Inception features of every image in {data} -> {path} (once)")
         compute_reference(data, path)
     return path
+
+
+def check_reference_source(spec: StudySpec) -> None:
+    """The reference can be made (it exists, or its real images do): checked before `run` trains for hours."""
+    data = Path(spec.eval.reference_data)
+    if not spec.reference_path.is_file() and not data.is_dir():
+        raise StudyError(f"eval.reference_data: {data} is not a folder of real images (and {spec.reference_path} "
+                         f"is not made yet); for MNIST run `python -m vit5_sit.data mnist {data} --resolution 32` "
+                         "first")
 
 
 def _settings(spec: StudySpec, sample_seed: int):

@@ -84,6 +84,12 @@ class StudySpec:
     def run_dir(self, arm: Arm, seed: int) -> Path:
         return Path(self.output_dir) / f"{arm.name}-s{seed}"
 
+    def train_overrides(self, arm: Arm, seed: int, until: int) -> list[str]:
+        """The config overrides of (arm, seed) trained to step ``until``: the runner's, then the arm's own."""
+        run = self.run_dir(arm, seed)
+        return [f"output_dir={run.parent}", f"name={run.name}", f"train.seed={seed}", f"train.max_steps={until}",
+                "log.sample_every=0", *arm.overrides]
+
     def pairs(self) -> list[tuple[Arm, int]]:
         """Every (arm, seed) in the order they are trained: seed by seed, so early seeds finish first."""
         most = max(len(a.seeds) for a in self.arms)
@@ -123,9 +129,70 @@ def _eval_spec(raw: dict) -> EvalSpec:
                 raise StudyError(f"eval.{key}: expected a list, got {values[key]!r}")
             values[key] = tuple(values[key])
     for key in ("num_samples", "steps", "batch_size"):
-        if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1):
+        if key in values and not _is_int(values[key], 1):
             raise StudyError(f"eval.{key}: expected a positive integer, got {values[key]!r}")
-    return EvalSpec(**values)
+    for key in ("sample_seed", "noise_seed"):
+        if key in values and not _is_int(values[key], 0) and not (key == "noise_seed" and values[key] is None):
+            raise StudyError(f"eval.{key}: expected an integer >= 0{' or null (no re-scoring)' * (key == 'noise_seed')}"
+                             f", got {values[key]!r}")
+    for v in values.get("noise_training_seeds", ()):
+        if not _is_int(v, 0):
+            raise StudyError(f"eval.noise_training_seeds: {v!r} is not an integer >= 0")
+    cfg = values.get("cfg_scale", 1.0)
+    if isinstance(cfg, bool) or not isinstance(cfg, (int, float)) or not cfg >= 0:
+        raise StudyError(f"eval.cfg_scale: expected a number >= 0 (1 = no guidance), got {cfg!r}")
+    for key in ("mode", "method", "reference_data"):
+        if key in values and not isinstance(values[key], str):
+            raise StudyError(f"eval.{key}: expected a string, got {values[key]!r}")
+    spec = EvalSpec(**values)
+    from vit5_sit.eval.evaluation import EvalError, parse_metrics
+    from vit5_sit.transport import SamplerConfig
+
+    try:
+        SamplerConfig(mode=spec.mode, method=spec.method, steps=spec.steps)
+    except ValueError as e:
+        raise StudyError(f"eval.mode / eval.method: {e}") from None
+    try:
+        parse_metrics(spec.metrics)
+    except EvalError as e:
+        raise StudyError(f"eval.metrics: {e}") from None
+    if spec.noise_seed is not None and abs(spec.noise_seed - spec.sample_seed) < spec.num_samples:
+        raise StudyError(f"eval.noise_seed: {spec.noise_seed} gives sample seeds {spec.noise_seed}.."
+                         f"{spec.noise_seed + spec.num_samples - 1}, which overlap the main set ({spec.sample_seed}.."
+                         f"{spec.sample_seed + spec.num_samples - 1}): the sampling noise would be underestimated; "
+                         f"use e.g. noise_seed: {spec.sample_seed + 100 * spec.num_samples}")
+    return spec
+
+
+def _is_int(value, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
+    """The arm's config with every override must load, and save a checkpoint at every evaluated step and keep
+    it: found now, not when the run fails or the evaluation finds nothing after hours of training."""
+    from vit5_sit.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(arm.config, spec.train_overrides(arm, arm.seeds[0], spec.max_steps))
+    except ConfigError as e:
+        raise StudyError(f"{key} ({arm.name}): {e}") from None
+    every, keep = cfg.train.ckpt_every, cfg.train.keep_last
+    missed = [s for s in spec.steps if s % every and s != spec.max_steps]
+    if missed:
+        raise StudyError(f"{key} ({arm.name}): train.ckpt_every={every} saves no checkpoint at step "
+                         f"{missed[0]}, which the study evaluates; use a ckpt_every that divides every step "
+                         f"({', '.join(map(str, spec.steps))}), e.g. overrides: [train.ckpt_every={_gcd(spec.steps)}]")
+    if keep != 0:
+        raise StudyError(f"{key} ({arm.name}): train.keep_last={keep} deletes older checkpoints, and the study "
+                         f"evaluates the ones at steps {', '.join(map(str, spec.steps))} (an interrupted run saves "
+                         "one more); add train.keep_last=0 (keep all) to the arm's overrides or its config")
+
+
+def _gcd(values) -> int:
+    import math
+
+    return math.gcd(*values)
 
 
 def load_study(path: str | Path) -> StudySpec:
@@ -166,14 +233,27 @@ def load_study(path: str | Path) -> StudySpec:
         if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
             raise StudyError(f"{key}.overrides: expected a list of 'key=value' strings, got {overrides!r}")
         seeds = _int_list(f"{key}.seeds", a["seeds"], 0) if "seeds" in a else default_seeds
-        arms.append(Arm(name, config, tuple(overrides), seeds, str(a.get("label", "")) or name))
-    return StudySpec(
-        name=str(raw.get("name", path.stem)),
-        output_dir=str(raw.get("output_dir", "runs/study")),
-        results_dir=str(raw.get("results_dir", "docs/study")),
-        steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
+        label = a.get("label", "")
+        if not isinstance(label, (str, int, float)) or isinstance(label, bool):
+            raise StudyError(f"{key}.label: expected a short text, got {label!r}")
+        arms.append(Arm(name, config, tuple(overrides), seeds, str(label) or name))
+    texts = {}
+    for key, default in (("name", path.stem), ("output_dir", "runs/study"), ("results_dir", "docs/study")):
+        texts[key] = raw.get(key, default)
+        if not isinstance(texts[key], str) or not texts[key]:
+            raise StudyError(f"{key}: expected a non-empty string, got {texts[key]!r}")
+    spec = StudySpec(
+        **texts, steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
         decision=_decision_spec(raw.get("decision"), names),
     )
+    trained = sorted({s for a in spec.arms for s in a.seeds})
+    for seed in spec.eval.noise_training_seeds:
+        if seed not in trained:
+            raise StudyError(f"eval.noise_training_seeds: {seed} is not a training seed of any arm (seeds: "
+                             f"{', '.join(map(str, trained))}); the sampling noise would never be measured")
+    for i, arm in enumerate(spec.arms):
+        _check_arm_config(f"arms[{i}]", spec, arm)
+    return spec
 
 
 def _decision_spec(raw, names: set[str]) -> DecisionSpec | None:

@@ -123,6 +123,10 @@ def test_bad_arguments_name_the_value(pipe):
         pipe([0, 1, 2], seed=[1, 2])
     with pytest.raises(ValueError, match="dopri5"):
         pipe([0], sampler="sde", method="dopri5")
+    with pytest.raises(ValueError, match="guidance_interval 0.9 0.1: need 0 <= LOW <= HIGH <= 1"):
+        pipe([0], guidance_interval=(0.9, 0.1))
+    with pytest.raises(ValueError, match="guidance_scale -2: must be >= 0"):
+        pipe([0], guidance_scale=-2)
 
 
 def test_imagenet_names(tmp_path):

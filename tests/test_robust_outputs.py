@@ -151,6 +151,7 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     (["--out", "{tmp}/x.png", "--cfg-scale", "inf"], "--cfg-scale: must be a finite number"),
     (["--out", "{tmp}/x.png", "--cfg-scale", "-2"], "--cfg-scale -2: must be >= 0"),
     (["--out", "{tmp}/x.png", "--guidance-interval", "nan", "1"], "--guidance-interval"),
+    (["--out", "{tmp}/x.png", "--guidance-interval", "0.2", "1.5"], "--guidance-interval 0.2 1.5: need 0 <= LOW"),
     (["--out", "{tmp}/x.png", "--device", "foo"], "--device foo: not a device"),
 ])
 def test_sample_bad_outputs_and_values(tmp_path, capsys, model_dir, args, message):
@@ -225,6 +226,11 @@ def _samples_npz(path: Path, n: int = 4) -> Path:
     (["calc", "--samples", "{tmp}/s.npz", "--ref", "{tmp}/s.npz", "--device", "foo"], "--device foo"),
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/afile"], "--out {tmp}/afile: is a file"),
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--cfg-scale", "nan"], "--cfg-scale"),
+    # the guidance rule of sample.py, before any sampling (these once sampled 5,000 images first)
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--cfg-scale", "-1"],
+     "--cfg-scale -1: must be >= 0"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--guidance-interval", "0.8", "0.2"],
+     "--guidance-interval 0.8 0.2: need 0 <= LOW <= HIGH <= 1"),
 ])
 def test_eval_bad_outputs_and_references(tmp_path, capsys, argv, message):
     (tmp_path / "afile").write_text("x")

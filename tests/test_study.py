@@ -124,7 +124,7 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"eval": {"mode": "odee"}}, "eval.mode / eval.method: SamplerConfig.mode='odee': must be one of 'ode', 'sde'"),
     ({"eval": {"mode": "sde", "method": "dopri5"}}, "method='dopri5': must be one of 'euler', 'heun'"),
     ({"eval": {"metrics": ["fid", "fdd"]}}, "eval.metrics: unknown metric 'fdd'"),
-    ({"eval": {"cfg_scale": "high"}}, "eval.cfg_scale: expected a number >= 0"),
+    ({"eval": {"cfg_scale": "high"}}, "eval.cfg_scale 'high': must be >= 0"),
     ({"eval": {"sample_seed": -1}}, "eval.sample_seed: expected an integer >= 0, got -1"),
     ({"eval": {"noise_seed": "b"}}, "eval.noise_seed: expected an integer >= 0 or null"),
     ({"eval": {"num_samples": 100, "noise_seed": 50}}, "eval.noise_seed: 50 gives sample seeds 50..149, which overlap"),

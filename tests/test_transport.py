@@ -10,6 +10,7 @@ end point to compare with.
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -320,6 +321,20 @@ def test_cfg_batched_forward_interval_and_channels():
     out = ClassifierFreeGuidance(_toy_model([]), 2.5, 0, channels=3)(x, t, y)
     torch.testing.assert_close(out[:, :3], guided[:, :3])
     torch.testing.assert_close(out[:, 3:], cond[:, 3:])
+
+
+@pytest.mark.parametrize("scale, interval, message", [
+    (-0.5, (0.0, 1.0), "cfg_scale -0.5: must be >= 0"),
+    (float("nan"), (0.0, 1.0), "cfg_scale nan: must be >= 0"),
+    (2.0, (0.7, 0.3), "guidance_interval 0.7 0.3: need 0 <= LOW <= HIGH <= 1"),
+    (2.0, (-0.1, 0.5), "guidance_interval -0.1 0.5"),
+    (2.0, (0.5,), "guidance_interval (0.5,): expected two numbers"),
+])
+def test_cfg_refuses_a_bad_scale_or_interval(scale, interval, message):
+    from vit5_sit.transport import GuidanceError
+
+    with pytest.raises(GuidanceError, match=re.escape(message)):
+        ClassifierFreeGuidance(_toy_model([]), scale, 0, interval=interval)
 
 
 # Seeds.

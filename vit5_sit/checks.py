@@ -176,3 +176,15 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def guidance_flags(cfg_scale: float | None, interval) -> None:
+    """``--cfg-scale`` (None: the model's default) and ``--guidance-interval`` by the one guidance rule
+    (`vit5_sit.transport.check_guidance_settings`), as a UsageError naming the flag."""
+    from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
+
+    try:
+        check_guidance_settings(1.0 if cfg_scale is None else cfg_scale, interval, "--cfg-scale",
+                                "--guidance-interval")
+    except GuidanceError as e:
+        raise UsageError(str(e)) from None

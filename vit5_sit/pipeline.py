@@ -33,7 +33,7 @@ from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, imagenet_name
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.generate import sample_images, sampler_settings, to_uint8
 from vit5_sit.models import Denoiser
-from vit5_sit.transport import Transport
+from vit5_sit.transport import Transport, check_guidance_settings
 
 OUTPUT_TYPES = ("pil", "np", "pt")
 MAX_SEED = 2**31 - 1  # seeds drawn from a torch.Generator lie in [0, MAX_SEED)
@@ -161,9 +161,8 @@ class Vit5SitPipeline:
         labels = self.get_label_ids(class_labels)
         seeds = self._seeds(len(labels), seed, generator)
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
+        check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
         low, high = guidance_interval
-        if not 0.0 <= low <= high <= 1.0:
-            raise ValueError(f"guidance_interval=({low:g}, {high:g}): need 0 <= low <= high <= 1")
         settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
         with self.progress_bar(len(labels)) as bar:
             x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,

@@ -39,7 +39,15 @@ import json
 import sys
 from pathlib import Path
 
-from vit5_sit.checks import UsageError, finite_float, output_file, output_folder, parse_device, positive_int
+from vit5_sit.checks import (
+    UsageError,
+    finite_float,
+    guidance_flags,
+    output_file,
+    output_folder,
+    parse_device,
+    positive_int,
+)
 from vit5_sit.eval import (
     EvalError,
     InceptionWeightsError,
@@ -126,6 +134,7 @@ def cmd_compare(args) -> int:
     from vit5_sit.eval.compare import CompareSettings, compare_runs, run_sampler
 
     metrics = _flag("--metrics", parse_metrics, args.metrics)
+    guidance_flags(args.cfg_scale, args.guidance_interval)
     output_folder(args.out, "--out")
     args.device = parse_device(args.device)
     reference = _flag("--ref", open_reference, args.ref)  # a missing or bad reference fails before any sampling

@@ -33,7 +33,16 @@ import sys
 import time
 from pathlib import Path
 
-from vit5_sit.checks import OutputLock, UsageError, finite_float, output_file, output_folder, parse_device, positive_int
+from vit5_sit.checks import (
+    OutputLock,
+    UsageError,
+    finite_float,
+    guidance_flags,
+    output_file,
+    output_folder,
+    parse_device,
+    positive_int,
+)
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
@@ -198,11 +207,7 @@ def check_flags(args) -> bool:
                          "each class")
     if not grid and args.save_images is not None:
         raise UsageError("--save-images: for .png grids; a .npz holds the images itself")
-    low, high = args.guidance_interval
-    if not 0.0 <= low <= high <= 1.0:
-        raise UsageError(f"--guidance-interval {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1")
-    if args.cfg_scale is not None and args.cfg_scale < 0:
-        raise UsageError(f"--cfg-scale {args.cfg_scale:g}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    guidance_flags(args.cfg_scale, args.guidance_interval)
     output_file(out, "--out")
     if args.save_images is not None:
         output_folder(args.save_images, "--save-images")

@@ -52,6 +52,14 @@ class CompareSettings:
     part_size: int = 256                    # sampling: images per resumable part file
     extra_sampler: dict = field(default_factory=dict)  # other SamplerConfig fields (atol, diffusion_form)
 
+    def __post_init__(self) -> None:
+        from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
+
+        try:
+            check_guidance_settings(self.cfg_scale, self.guidance_interval)
+        except GuidanceError as e:
+            raise CompareError(str(e)) from None
+
     def sampler(self):
         from vit5_sit.transport import SamplerConfig
 

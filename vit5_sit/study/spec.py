@@ -138,9 +138,12 @@ def _eval_spec(raw: dict) -> EvalSpec:
     for v in values.get("noise_training_seeds", ()):
         if not _is_int(v, 0):
             raise StudyError(f"eval.noise_training_seeds: {v!r} is not an integer >= 0")
-    cfg = values.get("cfg_scale", 1.0)
-    if isinstance(cfg, bool) or not isinstance(cfg, (int, float)) or not cfg >= 0:
-        raise StudyError(f"eval.cfg_scale: expected a number >= 0 (1 = no guidance), got {cfg!r}")
+    from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
+
+    try:
+        check_guidance_settings(values.get("cfg_scale", 1.0), scale_name="eval.cfg_scale")
+    except GuidanceError as e:
+        raise StudyError(str(e)) from None
     for key in ("mode", "method", "reference_data"):
         if key in values and not isinstance(values[key], str):
             raise StudyError(f"eval.{key}: expected a string, got {values[key]!r}")

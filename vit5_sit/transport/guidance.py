@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -16,6 +18,22 @@ def check_guidance(scale: float, class_dropout_prob: float | None) -> None:
         raise GuidanceError(
             f"cfg_scale={float(scale):g} needs the null (unconditional) label, but the model was built with "
             "class_dropout_prob=0 and has none; use cfg_scale=1 (no guidance) or train with class_dropout_prob > 0")
+
+
+def check_guidance_settings(scale: float, interval=(0.0, 1.0), scale_name: str = "cfg_scale",
+                            interval_name: str = "guidance_interval") -> None:
+    """The one rule for a guidance scale and interval, named as the caller's user wrote them (a CLI passes its
+    flags, e.g. ``--cfg-scale``): scale >= 0 (1 = none, 0 = unconditional), 0 <= low <= high <= 1."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0:
+        shown = f"{scale:g}" if isinstance(scale, (int, float)) and not isinstance(scale, bool) else repr(scale)
+        raise GuidanceError(f"{scale_name} {shown}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    try:
+        low, high = (float(v) for v in interval)
+    except (TypeError, ValueError):
+        raise GuidanceError(f"{interval_name} {interval!r}: expected two numbers LOW HIGH in [0, 1]") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise GuidanceError(f"{interval_name} {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1 (t: 0 = noise, "
+                            "1 = data)")
 
 
 class ClassifierFreeGuidance:
@@ -36,6 +54,7 @@ class ClassifierFreeGuidance:
         interval=(0.0, 1.0),        # (low, high) in t: guide where low <= t <= high
         channels: int | None = None,  # None = all channels; n = only the first n (official SiT: 3)
     ):
+        check_guidance_settings(scale, interval)
         check_guidance(scale, getattr(getattr(model, "cfg", None), "class_dropout_prob", None))
         low, high = interval
         if channels is not None and channels < 1:

@@ -178,6 +178,12 @@ def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_p
     with pytest.raises(SystemExit):
         main(["train", str(path), "--seeds", "x"])
     assert "whole-number seeds" in capsys.readouterr().err
+    for flag, value in [("--until", "0"), ("--until", "-5"), ("--jobs", "0"), ("--threads", "-1")]:
+        with pytest.raises(SystemExit):  # once `--until 0` meant "to the end" and `--until -5` "nothing to do"
+            main(["train", str(path), flag, value])
+        assert f"argument {flag}: must be at least 1, got {value}" in capsys.readouterr().err
+    assert main(["train", str(path), "--until", "150"]) == 2
+    assert "--until 150: beyond the study's last step 100" in capsys.readouterr().err
 
 
 def test_run_refuses_a_missing_reference_before_training(tmp_path, capsys):

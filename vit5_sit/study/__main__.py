@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..checks import positive_int
 from .spec import StudyError, load_study
 
 
@@ -39,9 +40,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("run", "train", "eval", "report", "status"))
     p.add_argument("spec", help="study YAML file, e.g. configs/study/mnist.yaml")
-    p.add_argument("--jobs", type=int, default=1, help="training runs at a time (default: 1)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads per training run (default: 1)")
-    p.add_argument("--until", type=int, default=None,
+    p.add_argument("--jobs", type=positive_int, default=1, help="training runs at a time (default: 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads per training run (default: 1)")
+    p.add_argument("--until", type=positive_int, default=None,
                    help="train only to this step (default: the study's last step); resume later for the rest")
     p.add_argument("--arms", type=_names, default=None,
                    help="train / evaluate only these arms, comma-separated (default: all), e.g. sit,vit5")
@@ -64,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
         from . import runner
         from .report import write_report
 
-        for flag in ("jobs", "threads"):
-            if getattr(args, flag) < 1:
-                raise StudyError(f"--{flag} {getattr(args, flag)}: must be at least 1")
         spec = load_study(args.spec)
         if args.command == "status":
             for s in runner.status(spec):

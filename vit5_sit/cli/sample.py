@@ -1,6 +1,6 @@
 """The sample.py command (vit5-sit-sample): a model's class-conditional images as a labelled PNG grid or a .npz.
 
-    # the bundled demo model (MNIST digits): writes samples.png, 10-30 s on a 2-core CPU
+    # the bundled demo model (MNIST digits): writes samples.png, about 40 s on a 2-core CPU
     python sample.py
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 
@@ -24,8 +25,9 @@ def check_guidance_settings(scale: float, interval=(0.0, 1.0), scale_name: str =
                             interval_name: str = "guidance_interval") -> None:
     """The one rule for a guidance scale and interval, named as the caller's user wrote them (a CLI passes its
     flags, e.g. ``--cfg-scale``): scale >= 0 (1 = none, 0 = unconditional), 0 <= low <= high <= 1."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0:
-        shown = f"{scale:g}" if isinstance(scale, (int, float)) and not isinstance(scale, bool) else repr(scale)
+    number = isinstance(scale, Real) and not isinstance(scale, bool)  # numpy scalars too
+    if not number or not math.isfinite(scale) or scale < 0:
+        shown = f"{float(scale):g}" if number else repr(scale)
         raise GuidanceError(f"{scale_name} {shown}: must be >= 0 (1 = no guidance, 0 = unconditional)")
     try:
         low, high = (float(v) for v in interval)

@@ -17,6 +17,7 @@ Every mistake is a `StudyError` naming the key and the fix.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,17 +186,11 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
     if missed:
         raise StudyError(f"{key} ({arm.name}): train.ckpt_every={every} saves no checkpoint at step "
                          f"{missed[0]}, which the study evaluates; use a ckpt_every that divides every step "
-                         f"({', '.join(map(str, spec.steps))}), e.g. overrides: [train.ckpt_every={_gcd(spec.steps)}]")
+                         f"({', '.join(map(str, spec.steps))}), e.g. overrides: [train.ckpt_every={math.gcd(*spec.steps)}]")
     if keep != 0:
         raise StudyError(f"{key} ({arm.name}): train.keep_last={keep} deletes older checkpoints, and the study "
                          f"evaluates the ones at steps {', '.join(map(str, spec.steps))} (an interrupted run saves "
                          "one more); add train.keep_last=0 (keep all) to the arm's overrides or its config")
-
-
-def _gcd(values) -> int:
-    import math
-
-    return math.gcd(*values)
 
 
 def load_study(path: str | Path) -> StudySpec:

@@ -186,7 +186,8 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
     if missed:
         raise StudyError(f"{key} ({arm.name}): train.ckpt_every={every} saves no checkpoint at step "
                          f"{missed[0]}, which the study evaluates; use a ckpt_every that divides every step "
-                         f"({', '.join(map(str, spec.steps))}), e.g. overrides: [train.ckpt_every={math.gcd(*spec.steps)}]")
+                         f"({', '.join(map(str, spec.steps))}), e.g. overrides: "
+                         f"[train.ckpt_every={math.gcd(*spec.steps)}]")
     if keep != 0:
         raise StudyError(f"{key} ({arm.name}): train.keep_last={keep} deletes older checkpoints, and the study "
                          f"evaluates the ones at steps {', '.join(map(str, spec.steps))} (an interrupted run saves "

@@ -214,6 +214,6 @@ def test_one_lazy_inception_and_reference_rule_for_evaluate_and_compare(tmp_path
     assert evaluation.reference_features(with_mu, ("fid", "is"), net) is None
     with pytest.raises(AssertionError, match="loaded the Inception"):
         evaluation.reference_features(Reference("i", images=images), ("fid",), net)  # no mu: features needed
-    evaluator = compare._Evaluator(Reference("f", features=stored), ("kid",), None, "cpu", 8, False)
+    evaluator = compare.Evaluator(Reference("f", features=stored), ("kid",), None, "cpu", 8, False)
     assert isinstance(evaluator._net, evaluation.LazyInception) and evaluator.reference().features is stored
     assert evaluator._net.inception is None  # nothing loaded for a reference that holds its features

@@ -93,10 +93,11 @@ def _file_key(path: Path) -> dict:
     return {"path": str(path.resolve())}
 
 
-class _Evaluator:
+class Evaluator:
     """The Inception and the reference features, loaded once and only when some metric must be computed."""
 
-    def __init__(self, reference, metrics, inception_weights, device, batch_size, progress):
+    def __init__(self, reference: str | Path | Reference, metrics: tuple[str, ...], inception_weights: str | None,
+                 device: str | None, batch_size: int, progress: bool) -> None:
         self.reference_arg, self.metrics = reference, metrics
         self.inception_weights, self.device, self.progress = inception_weights, device, progress
         self.batch_size = batch_size
@@ -238,7 +239,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     plan = [(run, names[run], _run_checkpoints(run, log, every)) for run in runs]
     evaluator = None
     if dist.is_main():
-        evaluator = _Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)
+        evaluator = Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)
     device = torch.device(device) if device is not None else dist.device()
 
     rows = []
@@ -255,7 +256,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     return rows
 
 
-def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettings, evaluator: _Evaluator | None,
+def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettings, evaluator: Evaluator | None,
                         *, device, progress: bool = True, log=print,
                         cache: Path | None = None,     # where the samples are cached; None = RUN/eval
                         shown_as: str | None = None,   # the row's run_dir (a Hub repo id); None = the folder
@@ -299,7 +300,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     return row
 
 
-def _cached_metrics(samples: Path, manifest: Path, evaluator: _Evaluator, log, compute: bool = True) -> dict | None:
+def _cached_metrics(samples: Path, manifest: Path, evaluator: Evaluator, log, compute: bool = True) -> dict | None:
     key = {**evaluator.key, "samples": hashlib.sha256(manifest.read_bytes()).hexdigest()}
     path = samples.with_name(f"{samples.stem}.metrics-{_short_hash(key)}.json")
     if path.is_file():

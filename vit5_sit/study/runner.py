@@ -215,7 +215,7 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     import torch
 
     from vit5_sit.config import load_config
-    from vit5_sit.eval.compare import _Evaluator, evaluate_checkpoint
+    from vit5_sit.eval.compare import Evaluator, evaluate_checkpoint
     from vit5_sit.eval.evaluation import parse_metrics
     from vit5_sit.train.checkpoint import Checkpoint
 
@@ -223,7 +223,7 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
         raise StudyError(f"nothing is evaluated yet ({spec.reference_path} does not exist): run `eval` first")
     reference = spec.reference_path if cached_only else ensure_reference(spec, log)
     metrics = parse_metrics(spec.eval.metrics)
-    evaluator = _Evaluator(reference, metrics, None, device, 64, progress)
+    evaluator = Evaluator(reference, metrics, None, device, 64, progress)
     device = torch.device(device or "cpu")
     rows = []
     plan = evaluation_plan(spec, noise, arms, seeds, steps)  # bad names refused before any work

@@ -20,7 +20,7 @@ from torchdiffeq import odeint
 
 from vit5_sit.utils import check_choice
 
-from .transport import Transport, _expand
+from .transport import Transport, expand_like
 
 MODES = ("ode", "sde")
 FIXED_STEP_METHODS = ("euler", "heun")  # our own fixed-step solvers, `steps` steps (SDE: 'euler' = Euler-Maruyama)
@@ -120,7 +120,7 @@ def _sde_drift(model_fn, transport, cfg, x, t, y):
     t = _t(t, x)
     out = model_fn(x, t, y)
     v = transport.velocity(out, x, t)
-    w = _expand(diffusion(transport, t, cfg.diffusion_form, cfg.diffusion_norm), x)
+    w = expand_like(diffusion(transport, t, cfg.diffusion_form, cfg.diffusion_norm), x)
     # A zero diffusion adds no score term (this avoids 0 * inf where sigma_t = 0, at t = 1).
     w_score = torch.where(w == 0, torch.zeros_like(v), w * transport.score(out, x, t))
     return v + w_score, v, w
@@ -137,7 +137,7 @@ def _last_step(model_fn, transport, cfg, x, t1, y):
         return x
     if cfg.last_step == "tweedie":  # the posterior mean E[x1 | x_t] = (x + sigma^2 score) / alpha
         t = _t(t1, x)
-        alpha, _, sigma, _ = (_expand(c, x) for c in transport.coefficients(t))
+        alpha, _, sigma, _ = (expand_like(c, x) for c in transport.coefficients(t))
         return (x + sigma**2 * transport.score(model_fn(x, t, y), x, t)) / alpha
     drift, v, _ = _sde_drift(model_fn, transport, cfg, x, t1, y)
     if cfg.last_step == "mean":  # the mean of one more Euler-Maruyama step
@@ -216,7 +216,7 @@ def sde_heun(model_fn, noise, y, transport, cfg, rng=None):
     for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
         dt = t_next - t_cur
         # Brownian increment with variance 2 w(t_cur) dt.
-        w = _expand(diffusion(transport, _t(t_cur, x), cfg.diffusion_form, cfg.diffusion_norm), x)
+        w = expand_like(diffusion(transport, _t(t_cur, x), cfg.diffusion_form, cfg.diffusion_norm), x)
         x_hat = x + torch.sqrt(2 * w * dt) * randn_like(x)
         # Euler step of the drift.
         d_cur = _sde_drift(model_fn, transport, cfg, x_hat, t_cur, y)[0]

@@ -148,7 +148,7 @@ INTERPOLANT_PATHS: dict[str, InterpolantPath] = {p.name: p for p in (LinearPath(
 PATHS = tuple(INTERPOLANT_PATHS)
 
 
-def _expand(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def expand_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """(B,) times -> (B, 1, ..., 1), broadcastable against x."""
     return t.reshape(-1, *([1] * (x.ndim - 1))).to(x.dtype)
 
@@ -209,7 +209,7 @@ class Transport:
 
     def interpolate(self, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor):
         """(x_t, u_t): the point on the path and the conditional velocity target."""
-        alpha, d_alpha, sigma, d_sigma = (_expand(c, x1) for c in self.coefficients(t))
+        alpha, d_alpha, sigma, d_sigma = (expand_like(c, x1) for c in self.coefficients(t))
         # Time runs from noise (t = 0, x_t = x0) to data (t = 1, x_t = x1): the reverse of DDPM's t.
         return alpha * x1 + sigma * x0, d_alpha * x1 + d_sigma * x0
 
@@ -218,12 +218,12 @@ class Transport:
         p = self.cfg.prediction
         if p == "velocity":
             return model_out
-        score = model_out if p == "score" else -model_out / _expand(self.coefficients(t)[2], x)
-        return _expand(self.dlog_alpha(t), x) * x + _expand(self.score_coef(t), x) * score
+        score = model_out if p == "score" else -model_out / expand_like(self.coefficients(t)[2], x)
+        return expand_like(self.dlog_alpha(t), x) * x + expand_like(self.score_coef(t), x) * score
 
     def noise(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         p = self.cfg.prediction
-        alpha, d_alpha, sigma, d_sigma = (_expand(c, x) for c in self.coefficients(t))
+        alpha, d_alpha, sigma, d_sigma = (expand_like(c, x) for c in self.coefficients(t))
         if p == "noise":
             return model_out
         if p == "score":
@@ -234,7 +234,7 @@ class Transport:
     def score(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.cfg.prediction == "score":
             return model_out
-        return -self.noise(model_out, x, t) / _expand(self.coefficients(t)[2], x)
+        return -self.noise(model_out, x, t) / expand_like(self.coefficients(t)[2], x)
 
     # Training.
     def loss(self, model, x1: torch.Tensor, y: torch.Tensor | None, *,
@@ -263,5 +263,5 @@ class Transport:
         if self.cfg.prediction == "noise":
             err = ((out - x0) ** 2).mean(dims)
         else:
-            err = ((out * _expand(sigma, x0) + x0) ** 2).mean(dims)  # sigma_t * score = -eps
+            err = ((out * expand_like(sigma, x0) + x0) ** 2).mean(dims)  # sigma_t * score = -eps
         return weight * err

@@ -291,3 +291,17 @@ def test_unknown_preset_goes_through_the_one_choice_check(tmp_path, capsys):
     assert line.startswith("error: --preset='SiT-XXL/2': must be one of 'SiT-T/2', ") and "\n" not in line
     assert line.endswith("Did you mean 'SiT-XL/2'?"), line
     assert not (tmp_path / "x.png").exists()
+
+
+def test_out_in_a_new_folder_is_created_and_a_failed_run_leaves_no_folder(tmp_path, capsys, model_dir):
+    out = tmp_path / "new" / "deeper" / "grid.png"
+    assert sample.main(["--ckpt", str(model_dir), "--out", str(out), "--per-class", "1", "--no-progress"]) == 0
+    assert out.is_file() and not out.with_name("grid.png.lock").exists()
+    npz = tmp_path / "other" / "s.npz"
+    assert sample.main(["--ckpt", str(model_dir), "--out", str(npz), "--num-samples", "2", "--no-progress"]) == 0
+    assert npz.is_file()
+    bad = tmp_path / "nothing-here"
+    bad.mkdir()
+    before = _tree(tmp_path)
+    _fails(sample.main, ["--ckpt", bad, "--out", tmp_path / "third" / "x.png", "--no-progress"], capsys)
+    assert _tree(tmp_path) == before  # the lock's folders are removed again: nothing was written

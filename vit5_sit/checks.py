@@ -116,9 +116,11 @@ class OutputLock:
     def __init__(self, out: str | Path, flag: str = "--out") -> None:
         out = Path(out)
         self.path, self.flag, self.out, self.held = out.with_name(out.name + ".lock"), flag, out, False
+        self.created: list[Path] = []  # folders made for OUT, removed again on release while still empty
 
     def acquire(self) -> OutputLock:
         me = f"{socket.gethostname()} {os.getpid()}"
+        self._make_folders()
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -147,10 +149,26 @@ class OutputLock:
             return None
         return f"{pid} on {host}"
 
+    def _make_folders(self) -> None:
+        """OUT's folder, created when missing (its writer would create it anyway), innermost last."""
+        missing, folder = [], self.path.parent
+        while not folder.exists() and folder.parent != folder:
+            missing.append(folder)
+            folder = folder.parent
+        for folder in reversed(missing):
+            folder.mkdir(exist_ok=True)
+            self.created.append(folder)
+
     def release(self) -> None:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+        for folder in reversed(self.created):  # a run that wrote nothing leaves no empty folders behind
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (OUT was written) or gone
+                break
+        self.created = []
 
     def __enter__(self) -> OutputLock:
         return self.acquire()

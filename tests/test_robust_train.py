@@ -242,3 +242,23 @@ def test_unreadable_files_are_reported_once_with_workers_and_summarised(tmp_path
     both = res.stdout + res.stderr
     assert both.count("skipping unreadable image") == 1, both  # once, not once per worker
     assert "1 unreadable image(s) skipped during the run: class0/truncated.png" in both
+
+
+def test_resume_from_a_run_folder_or_any_folder_says_what_to_pass(tmp_path, capsys):
+    data = _images(tmp_path / "data")
+    run = tmp_path / "runs" / "r"
+    _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
+    before = _tree(run)
+    line = _fails([*_overrides(tmp_path / "runs", data, steps=6), "--resume", str(run)], capsys)
+    assert "a run folder, not a checkpoint" in line and "step_0000004" in line, line
+    line = _fails([*_overrides(tmp_path / "runs", data, steps=6), "--resume", str(data)], capsys)
+    assert "not a checkpoint folder" in line and "did not finish" not in line, line
+    assert _tree(run) == before
+
+
+def test_a_latent_run_whose_vae_cannot_load_is_one_line(tmp_path, capsys):
+    argv = [*TINY, f"output_dir={tmp_path / 'runs'}", "name=lat", "data.kind=latents", f"data.path={tmp_path}",
+            "log.sample_every=5", f"data.vae={tmp_path / 'no-vae'}", "train.max_steps=2"]
+    line = _fails(argv, capsys)
+    assert "data.vae=" in line and "no such folder" in line and "log.sample_every=0" in line, line
+    assert not (tmp_path / "runs").exists()

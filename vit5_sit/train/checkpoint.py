@@ -104,6 +104,17 @@ def _plain(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
 
 
+def _why_no_meta(path: Path) -> str:
+    """What a folder without meta.json is: an unfinished checkpoint, a run folder, or something else."""
+    if any((path / name).exists() for name in CHECKPOINT_FILES):
+        return "the write did not finish"
+    runs = list_checkpoints(path)
+    if runs:
+        return f"a run folder, not a checkpoint: give one of its checkpoints, e.g. {runs[-1].path}"
+    return (f"not a checkpoint folder: train.py writes them as RUN/checkpoints/{PREFIX}N, holding meta.json and "
+            f"{', '.join(CHECKPOINT_FILES)}")
+
+
 def verify_checkpoint(path: str | Path, check_hash: bool = True) -> None:
     """Raise CheckpointError naming what is wrong with the folder, if anything.
 
@@ -116,7 +127,7 @@ def verify_checkpoint(path: str | Path, check_hash: bool = True) -> None:
     if not path.is_dir():
         raise CheckpointError(f"{path}: no meta.json ({'not a folder' if path.exists() else 'no such folder'})")
     if not meta_path.is_file():
-        raise CheckpointError(f"{path}: no meta.json (the write did not finish)")
+        raise CheckpointError(f"{path}: no meta.json ({_why_no_meta(path)})")
     try:
         meta = json.loads(meta_path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

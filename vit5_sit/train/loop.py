@@ -240,9 +240,14 @@ def _load_vae(launch: Launch):
         return None
     if not (cfg.repa.enabled or (cfg.log.sample_every and launch.accelerator.is_main_process)):
         return None
-    from vit5_sit.data.vae import load_vae
+    from vit5_sit.data.vae import VAELoadError, load_vae
 
-    return load_vae(cfg.data.vae, device=launch.accelerator.device)
+    try:
+        return load_vae(cfg.data.vae, device=launch.accelerator.device)
+    except VAELoadError as e:
+        need = "REPA's encoder sees decoded images" if cfg.repa.enabled else (
+            "it decodes the training grids; log.sample_every=0 trains without it")
+        raise TrainingError(f"data.vae={cfg.data.vae!r}: {e} ({need})") from None
 
 
 def _repa(launch: Launch, mcfg, vae):

@@ -129,6 +129,28 @@ def test_bad_arguments_name_the_value(pipe):
         pipe([0], guidance_scale=-2)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(class_labels=[]), "class_labels is empty"),
+    (dict(class_labels=[0], batch_size=0), "batch_size=0: must be a whole number >= 1"),
+    (dict(class_labels=[0], seed=1.5), "seed=1.5: give the first seed"),
+    (dict(class_labels=[0], seed="3"), "seed='3': give the first seed"),  # not the characters as seeds
+    (dict(class_labels=[0], seed=-1), r"seed=-1: sample seeds must lie in \[0, 4294967295\]"),
+    (dict(class_labels=[0, 1], seed=2**32 - 1), "choose seed between 0 and 4294967294"),
+    (dict(class_labels=[0, 1], seed=[0, True]), "seed=True: expected a whole number"),
+])
+def test_bad_seeds_labels_and_batches_are_refused_before_sampling(pipe, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pipe(**kwargs)
+
+
+def test_seeds_as_arrays_and_tensors(pipe):
+    a = pipe([0, 1], seed=[5, 9], output_type="np", num_inference_steps=1)
+    b = pipe([0, 1], seed=torch.tensor([5, 9]), output_type="np", num_inference_steps=1)
+    c = pipe([0, 1], seed=np.array([5, 9]), output_type="np", num_inference_steps=1)
+    assert a.seeds == b.seeds == c.seeds == [5, 9]
+    assert np.array_equal(a.images, b.images) and np.array_equal(a.images, c.images)
+
+
 def test_imagenet_names(tmp_path):
     folder = _model_dir(tmp_path, [*TINY, "model.num_classes=1000", "data.channels=3"])
     p = Vit5SitPipeline.from_pretrained(folder)

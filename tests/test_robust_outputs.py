@@ -153,6 +153,9 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     (["--out", "{tmp}/x.png", "--guidance-interval", "nan", "1"], "--guidance-interval"),
     (["--out", "{tmp}/x.png", "--guidance-interval", "0.2", "1.5"], "--guidance-interval 0.2 1.5: need 0 <= LOW"),
     (["--out", "{tmp}/x.png", "--device", "foo"], "--device foo: not a device"),
+    (["--out", "{tmp}/x.png", "--seed", "-1"], "--seed=-1: sample seeds must lie in [0, 4294967295]"),
+    (["--out", "{tmp}/x.npz", "--num-samples", "10", "--seed", "4294967290"], "for 10 images"),
+    (["--out", "{tmp}/x.png", "--seed", "4294967295"], "choose --seed between 0 and"),  # the grid's count
 ])
 def test_sample_bad_outputs_and_values(tmp_path, capsys, model_dir, args, message):
     (tmp_path / "afile").write_text("x")
@@ -231,6 +234,11 @@ def _samples_npz(path: Path, n: int = 4) -> Path:
      "--cfg-scale -1: must be >= 0"),
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--guidance-interval", "0.8", "0.2"],
      "--guidance-interval 0.8 0.2: need 0 <= LOW <= HIGH <= 1"),
+    # the seed rule of sample.py: every image's seed --seed + i in [0, 2**32)
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "-1"], "--seed=-1: sample seeds"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "4294967000", "--num-samples",
+      "1000"], "for 1000 images"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "4294967295"], "for 4 images"),
 ])
 def test_eval_bad_outputs_and_references(tmp_path, capsys, argv, message):
     (tmp_path / "afile").write_text("x")

@@ -161,6 +161,9 @@ def test_resume_may_change_the_schedule(tmp_path, capsys):
     ("two_classes", ["model.num_classes=1"], "has 2 classes but model.num_classes=1"),
     ("two_classes", ["log.sample_every=2", "log.sample_classes=[0,5]"], "log.sample_classes=[0, 5]"),
     ("two_classes", ["model.input_size=16"], "model.in_channels=3 model.input_size=8"),
+    # the grid's 2 x 2 images have seeds sample_seed .. sample_seed + 3, all below 2**32 (found at the first grid)
+    ("two_classes", ["log.sample_every=2", "log.sample_classes=[0,1]", "log.sample_per_class=2",
+                     "log.sample_seed=4294967294"], "log.sample_seed=4294967294: sample seeds must lie"),
     ("unreadable", [], "none of the 3 images"),
     ("no_images", [], "no images found"),
 ])

@@ -126,6 +126,8 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"eval": {"metrics": ["fid", "fdd"]}}, "eval.metrics: unknown metric 'fdd'"),
     ({"eval": {"cfg_scale": "high"}}, "eval.cfg_scale 'high': must be >= 0"),
     ({"eval": {"sample_seed": -1}}, "eval.sample_seed: expected an integer >= 0, got -1"),
+    ({"eval": {"num_samples": 100, "sample_seed": 4294967200}}, "eval.sample_seed=4294967200: sample seeds must lie"),
+    ({"eval": {"num_samples": 100, "noise_seed": 4294967200}}, "eval.noise_seed=4294967200: sample seeds must lie"),
     ({"eval": {"noise_seed": "b"}}, "eval.noise_seed: expected an integer >= 0 or null"),
     ({"eval": {"num_samples": 100, "noise_seed": 50}}, "eval.noise_seed: 50 gives sample seeds 50..149, which overlap"),
     ({"eval": {"noise_training_seeds": [3]}}, "eval.noise_training_seeds: 3 is not a training seed of any arm"),

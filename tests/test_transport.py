@@ -18,9 +18,11 @@ import torch
 from vit5_sit.transport import (
     ClassifierFreeGuidance,
     SamplerConfig,
+    SeedError,
     StackedRandomGenerator,
     Transport,
     TransportConfig,
+    check_seeds,
     nll_bits_per_dim,
     sample,
 )
@@ -396,3 +398,27 @@ def test_vp_sigma_is_accurate_near_the_data_end_in_float32():
     _, _, sigma64, d_sigma64 = tr.coefficients(t.double())  # the same float32 times, in float64
     torch.testing.assert_close(sigma32.double(), sigma64, rtol=1e-6, atol=0)
     torch.testing.assert_close(d_sigma32.double(), d_sigma64, rtol=1e-5, atol=0)
+
+
+def test_seed_rule():
+    assert check_seeds(0) == 0 and check_seeds(2**32 - 1) == 2**32 - 1 and check_seeds(2**32 - 10, 10) == 2**32 - 10
+    for bad, count, message in [(-1, 1, r"seed=-1: sample seeds must lie in \[0, 4294967295\]"),
+                                (2**32, 1, "choose seed between 0 and 4294967295"),
+                                (2**32 - 10, 11, "for 11 images.*choose seed between 0 and 4294967285"),
+                                (True, 1, "seed=True: expected a whole number"),
+                                (1.0, 1, "seed=1.0: expected a whole number"),
+                                ("3", 1, "seed='3': expected a whole number")]:
+        with pytest.raises(SeedError, match=message):
+            check_seeds(bad, count)
+    with pytest.raises(SeedError, match="--seed=-5"):
+        check_seeds(-5, name="--seed")
+
+
+def test_generator_seeds_do_not_wrap_around():
+    """2**32 used to be taken modulo 2**32 (the noise of seed 0); now it is refused."""
+    a = StackedRandomGenerator([0, 2**32 - 1]).randn((3,))
+    assert not torch.equal(a[0], a[1])
+    with pytest.raises(SeedError):
+        StackedRandomGenerator([2**32])
+    with pytest.raises(SeedError):
+        StackedRandomGenerator([-1])

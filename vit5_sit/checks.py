@@ -196,6 +196,17 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def seed_flag(seed: int, count: int, flag: str = "--seed") -> None:
+    """``--seed`` of ``count`` images (image i has seed SEED + i) by the one seed rule
+    (`vit5_sit.transport.check_seeds`), as a UsageError naming the flag."""
+    from vit5_sit.transport.rng import SeedError, check_seeds
+
+    try:
+        check_seeds(seed, count, flag)
+    except SeedError as e:
+        raise UsageError(str(e)) from None
+
+
 def guidance_flags(cfg_scale: float | None, interval) -> None:
     """``--cfg-scale`` (None: the model's default) and ``--guidance-interval`` by the one guidance rule
     (`vit5_sit.transport.check_guidance_settings`), as a UsageError naming the flag."""

@@ -379,13 +379,19 @@ class Range:
             raise ConfigError(f"{key}={value}: must be {what}{why}")
 
     def describe(self) -> str:
+        lo, hi = _number(self.lo), _number(self.hi)
         if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+            return f"{'>' if self.lo_open else '>='} {lo}"
         if self.hi is not None:
-            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+            return f"{'<' if self.hi_open else '<='} {hi}"
         return "a finite number"
+
+
+def _number(x: float | None) -> str:
+    """A bound as written: integers whole (4294967295, not 4.29497e+09), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}" if x is not None else ""
 
 
 def _at_least(lo: float, why: str = "") -> Range:

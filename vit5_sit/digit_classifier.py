@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vit5_sit.utils import atomic_write_file, atomic_write_text
+
 CLASSIFIER = Path(__file__).parent / "assets" / "digit_classifier"
 RESOLUTION = 32        # the demo model's image size; digits are padded 28 -> 32 like the training export
 HELD_OUT_PER_CLASS = 50
@@ -105,10 +107,11 @@ def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = 
         print(f"epoch {epoch + 1}/{epochs}: loss {loss.item():.4f}, held-out accuracy {acc:.4f}", flush=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    with atomic_write_file(out / "model.safetensors") as tmp:  # never a half-written model
+        save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, str(tmp))
     info = {"seed": seed, "epochs": epochs, "train_images": len(train_idx), "held_out_images": len(held_idx),
             "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.digit_classifier train"}
-    (out / "info.json").write_text(json.dumps(info, indent=1) + "\n")
+    atomic_write_text(out / "info.json", json.dumps(info, indent=1) + "\n")
     return info
 
 

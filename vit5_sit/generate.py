@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import numbers
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from vit5_sit.transport import (
     SamplerConfig,
     StackedRandomGenerator,
     Transport,
+    check_seeds,
     sample,
 )
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS  # adaptive ODE solvers share step sizes in a batch
@@ -63,6 +65,11 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
     return SamplerConfig(**fields)
 
 
+def _check_batch_size(batch_size) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: must be a whole number >= 1")
+
+
 @torch.no_grad()
 def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig, classes: Sequence[int],
                   seeds: Sequence[int], *,
@@ -80,6 +87,11 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images."""
     if len(classes) != len(seeds):
         raise ValueError(f"{len(classes)} classes but {len(seeds)} seeds: give one seed per image")
+    if not classes:
+        raise ValueError("no images to sample: give at least one class label")
+    _check_batch_size(batch_size)
+    for s in seeds:  # all of them before the first batch, not at the batch that holds a bad one
+        check_seeds(s)
     device = torch.device(device)
     cfg = model.cfg
     size = image_size or cfg.input_size
@@ -301,6 +313,8 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
         raise ValueError(f"num_samples={num_samples}: must be at least 1")
     if part_size < 1:
         raise ValueError(f"part_size={part_size}: must be at least 1")
+    _check_batch_size(batch_size)
+    seed = check_seeds(seed, num_samples)
     out = Path(out)
     cfg = model.cfg
     classes = list(range(cfg.num_classes)) if classes is None else [int(c) for c in classes]

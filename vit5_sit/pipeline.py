@@ -23,6 +23,7 @@ images of ``sample.py``, whatever the batch size.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, imagenet_name
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.generate import sample_images, sampler_settings, to_uint8
 from vit5_sit.models import Denoiser
-from vit5_sit.transport import Transport, check_guidance_settings
+from vit5_sit.transport import SeedError, Transport, check_guidance_settings, check_seeds
 
 OUTPUT_TYPES = ("pil", "np", "pt")
 MAX_SEED = 2**31 - 1  # seeds drawn from a torch.Generator lie in [0, MAX_SEED)
@@ -123,6 +124,8 @@ class Vit5SitPipeline:
     def get_label_ids(self, labels: int | str | Sequence[int | str]) -> list[int]:
         """Class ids from ids and (ImageNet) names, as ``sample.py --classes`` reads them."""
         labels = [labels] if isinstance(labels, int | str) else list(labels)
+        if not labels:
+            raise ClassSpecError("class_labels is empty: give at least one class id or name")
         ids = []
         for label in labels:
             if isinstance(label, bool) or not isinstance(label, int | str | np.integer):
@@ -176,9 +179,13 @@ class Vit5SitPipeline:
     @staticmethod
     def _seeds(n: int, seed, generator: torch.Generator | None) -> list[int]:
         if seed is not None:
-            if isinstance(seed, int | np.integer):
-                return list(range(int(seed), int(seed) + n))
-            seeds = [int(s) for s in seed]
+            if isinstance(seed, numbers.Integral):
+                first = check_seeds(seed, n)
+                return list(range(first, first + n))
+            if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray | torch.Tensor):
+                raise SeedError(f"seed={seed!r}: give the first seed (an int; image i has seed + i) or one int "
+                                "per image")
+            seeds = [check_seeds(s.item() if isinstance(s, torch.Tensor) else s) for s in seed]
             if len(seeds) != n:
                 raise ValueError(f"{len(seeds)} seeds for {n} class labels: give one seed per image, or the first")
             return seeds

@@ -47,6 +47,7 @@ from vit5_sit.checks import (
     output_folder,
     parse_device,
     positive_int,
+    seed_flag,
 )
 from vit5_sit.eval import (
     EvalError,
@@ -59,6 +60,7 @@ from vit5_sit.eval import (
     open_reference,
     parse_metrics,
 )
+from vit5_sit.utils import atomic_write_text
 
 COMPARE_MAX_SAMPLES = 10_000  # compare's default sample count: the reference's size, at most this
 
@@ -125,8 +127,7 @@ def cmd_calc(args) -> int:
                       progress=not args.no_progress)
     print(format_markdown(result))
     if args.json is not None:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")  # never a half-written file
     return 0
 
 
@@ -135,10 +136,12 @@ def cmd_compare(args) -> int:
 
     metrics = _flag("--metrics", parse_metrics, args.metrics)
     guidance_flags(args.cfg_scale, args.guidance_interval)
+    seed_flag(args.seed, args.num_samples or 1)
     output_folder(args.out, "--out")
     args.device = parse_device(args.device)
     reference = _flag("--ref", open_reference, args.ref)  # a missing or bad reference fails before any sampling
     num_samples = args.num_samples or min(reference.num_images or COMPARE_MAX_SAMPLES, COMPARE_MAX_SAMPLES)
+    seed_flag(args.seed, num_samples)
     sampler, source = run_sampler(args.runs, args.sampler, args.method, args.steps)
     settings = CompareSettings(
         num_samples=num_samples, seed=args.seed, mode=sampler.mode, method=sampler.method, steps=sampler.steps,

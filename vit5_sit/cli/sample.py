@@ -42,6 +42,7 @@ from vit5_sit.checks import (
     output_folder,
     parse_device,
     positive_int,
+    seed_flag,
 )
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--num-samples", type=positive_int, default=None,
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
              "classes[i %% len(classes)]")
-    arg("--seed", type=int, default=0, help="seed of the first image; image i has seed + i (default: 0)")
+    arg("--seed", type=int, default=0,
+        help="seed of the first image; image i has seed + i, each in [0, 2**32) (default: 0)")
     arg("--cfg-scale", type=finite_float, default=None,
         help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
              "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
@@ -208,6 +210,7 @@ def check_flags(args) -> bool:
     if not grid and args.save_images is not None:
         raise UsageError("--save-images: for .png grids; a .npz holds the images itself")
     guidance_flags(args.cfg_scale, args.guidance_interval)
+    seed_flag(args.seed, 1 if grid else args.num_samples or NPZ_DEFAULT_SAMPLES)  # a grid's count: below
     output_file(out, "--out")
     if args.save_images is not None:
         output_folder(args.save_images, "--save-images")
@@ -264,6 +267,8 @@ def _run(args, grid: bool) -> int:
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
     classes = classes_for(args, mcfg.num_classes, grid)
+    if grid:
+        seed_flag(args.seed, len(classes) * args.per_class)
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"

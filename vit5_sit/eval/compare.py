@@ -54,10 +54,12 @@ class CompareSettings:
 
     def __post_init__(self) -> None:
         from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
+        from vit5_sit.transport.rng import SeedError, check_seeds
 
         try:
             check_guidance_settings(self.cfg_scale, self.guidance_interval)
-        except GuidanceError as e:
+            check_seeds(self.seed, self.num_samples)
+        except (GuidanceError, SeedError) as e:
             raise CompareError(str(e)) from None
 
     def sampler(self):

@@ -160,6 +160,14 @@ def _eval_spec(raw: dict) -> EvalSpec:
         parse_metrics(spec.metrics)
     except EvalError as e:
         raise StudyError(f"eval.metrics: {e}") from None
+    from vit5_sit.transport.rng import SeedError, check_seeds
+
+    try:  # every sample seed of both sets is a valid seed (the one rule of sample.py and compare)
+        check_seeds(spec.sample_seed, spec.num_samples, "eval.sample_seed")
+        if spec.noise_seed is not None:
+            check_seeds(spec.noise_seed, spec.num_samples, "eval.noise_seed")
+    except SeedError as e:
+        raise StudyError(str(e)) from None
     if spec.noise_seed is not None and abs(spec.noise_seed - spec.sample_seed) < spec.num_samples:
         raise StudyError(f"eval.noise_seed: {spec.noise_seed} gives sample seeds {spec.noise_seed}.."
                          f"{spec.noise_seed + spec.num_samples - 1}, which overlap the main set ({spec.sample_seed}.."

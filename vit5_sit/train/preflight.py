@@ -65,13 +65,22 @@ def checkpoint_bytes(mcfg: ModelConfig) -> int:
 
 
 def check_grid(cfg: ExperimentConfig) -> None:
-    """The run's sample grid can be drawn: its class ids exist (checked at the start, not at step 0)."""
+    """The run's sample grid can be drawn: its class ids exist and its seeds are valid sample seeds (checked at
+    the start, not at the first grid)."""
     num_classes = cfg.model_config().num_classes
     bad = [c for c in cfg.log.sample_classes if c >= num_classes]
     if bad and cfg.log.sample_every:
         raise PreflightError(f"log.sample_classes={cfg.log.sample_classes}: class id(s) {bad} out of range for "
                              f"model.num_classes={num_classes} (ids 0..{num_classes - 1}); set log.sample_classes, "
                              "or log.sample_every=0 for no grids")
+    if cfg.log.sample_every:
+        from vit5_sit.transport.rng import SeedError, check_seeds
+
+        try:  # image i of the grid has seed log.sample_seed + i
+            check_seeds(cfg.log.sample_seed, len(cfg.log.sample_classes) * cfg.log.sample_per_class,
+                        "log.sample_seed")
+        except SeedError as e:
+            raise PreflightError(str(e)) from None
 
 
 def check_run_folder(cfg: ExperimentConfig, log=print) -> None:

@@ -2,7 +2,7 @@
 
 from .guidance import ClassifierFreeGuidance, GuidanceError, check_guidance, check_guidance_settings
 from .likelihood import NLLEstimate, nll_bits_per_dim, nll_estimate
-from .rng import StackedRandomGenerator
+from .rng import SEED_LIMIT, SeedError, StackedRandomGenerator, check_seeds
 from .samplers import SamplerConfig, SampleResult, diffusion, sample
 from .transport import Transport, TransportConfig
 
@@ -10,13 +10,16 @@ __all__ = [
     "ClassifierFreeGuidance",
     "GuidanceError",
     "NLLEstimate",
+    "SEED_LIMIT",
     "SampleResult",
     "SamplerConfig",
+    "SeedError",
     "StackedRandomGenerator",
     "Transport",
     "TransportConfig",
     "check_guidance",
     "check_guidance_settings",
+    "check_seeds",
     "diffusion",
     "nll_bits_per_dim",
     "nll_estimate",

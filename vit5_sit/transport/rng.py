@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+
+SEED_LIMIT = 1 << 32  # a sample's seed seeds a 32-bit generator state: seeds lie in [0, SEED_LIMIT)
+
+
+class SeedError(ValueError):
+    """A sample seed that is not a whole number in [0, 2**32); the message names it and the fix."""
+
+
+def check_seeds(first, count: int = 1, name: str = "seed") -> int:
+    """``first`` as an int, after checking that the seeds first .. first + count - 1 are valid sample seeds.
+
+    Image i of a run has seed ``first + i``; every one must lie in [0, 2**32): a larger seed would repeat a
+    smaller one's noise, a negative one that of 2**32 - |seed|. ``name`` is the setting as its user writes it
+    (``--seed``, ``eval.sample_seed``); raises SeedError.
+    """
+    if isinstance(first, bool) or not isinstance(first, numbers.Integral):
+        raise SeedError(f"{name}={first!r}: expected a whole number >= 0")
+    first, last = int(first), int(first) + max(int(count), 1) - 1
+    if first < 0 or last >= SEED_LIMIT:
+        images = f" (image i has seed {name} + i, for {count} images)" if count > 1 else ""
+        raise SeedError(f"{name}={first}: sample seeds must lie in [0, {SEED_LIMIT - 1}]{images}; choose {name} "
+                        f"between 0 and {SEED_LIMIT - max(int(count), 1)}")
+    return first
 
 
 class StackedRandomGenerator:
@@ -14,7 +39,7 @@ class StackedRandomGenerator:
 
     def __init__(self, seeds, device="cpu"):
         self.device = torch.device(device)
-        self.generators = [torch.Generator(self.device).manual_seed(int(s) % (1 << 32)) for s in seeds]
+        self.generators = [torch.Generator(self.device).manual_seed(check_seeds(s)) for s in seeds]
 
     def __len__(self) -> int:
         return len(self.generators)

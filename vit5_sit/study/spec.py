@@ -235,7 +235,10 @@ def load_study(path: str | Path) -> StudySpec:
         names.add(name)
         config = a.get("config")
         if not isinstance(config, str) or not Path(config).is_file():
-            raise StudyError(f"{key}.config: {config!r} is not a config file")
+            where = "" if Path(config).is_absolute() else (
+                f" (relative paths are read from the current folder, {Path.cwd()}: run the study from the "
+                "project root, where configs/ is)")
+            raise StudyError(f"{key}.config: {config!r} is not a config file{where}")
         overrides = a.get("overrides", [])
         if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
             raise StudyError(f"{key}.overrides: expected a list of 'key=value' strings, got {overrides!r}")

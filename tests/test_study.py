@@ -112,6 +112,8 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"arms": [{"name": "a b", "config": "CFG"}]}, "arms[0].name"),
     ({"arms": [{"name": "a", "config": "missing.yaml"}]},
      "arms[0].config: 'missing.yaml' is not a config file (relative paths are read from the current folder"),
+    ({"arms": [{"name": "a", "config": 3}]}, "arms[0].config: 3 is not a config file"),
+    ({"arms": [{"name": "a"}]}, "arms[0].config: None is not a config file"),
     ({"arms": [{"name": "a", "config": "CFG"}, {"name": "a", "config": "CFG"}]}, "listed twice"),
     ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.rope"]}]}, "key=value"),
     ({"eval": {"num_samples": 0}}, "eval.num_samples"),
@@ -149,7 +151,7 @@ def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(TINY_CONFIG)
     body = {"name": "t", "steps": [100, 200], "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}], **change}
-    body["arms"] = [{**a, "config": str(cfg) if a["config"] == "CFG" else a["config"]} for a in body["arms"]]
+    body["arms"] = [{**a, "config": str(cfg) if a.get("config") == "CFG" else a.get("config")} for a in body["arms"]]
     path = _write_spec(tmp_path, body)
     with pytest.raises(StudyError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_study(path)

@@ -87,7 +87,7 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images."""
     if len(classes) != len(seeds):
         raise ValueError(f"{len(classes)} classes but {len(seeds)} seeds: give one seed per image")
-    if not classes:
+    if len(classes) == 0:
         raise ValueError("no images to sample: give at least one class label")
     _check_batch_size(batch_size)
     for s in seeds:  # all of them before the first batch, not at the batch that holds a bad one

@@ -235,7 +235,7 @@ def load_study(path: str | Path) -> StudySpec:
         names.add(name)
         config = a.get("config")
         if not isinstance(config, str) or not Path(config).is_file():
-            where = "" if Path(config).is_absolute() else (
+            where = "" if not isinstance(config, str) or Path(config).is_absolute() else (
                 f" (relative paths are read from the current folder, {Path.cwd()}: run the study from the "
                 "project root, where configs/ is)")
             raise StudyError(f"{key}.config: {config!r} is not a config file{where}")

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-SEED_LIMIT = 1 << 32  # a sample's seed seeds a 32-bit generator state: seeds lie in [0, SEED_LIMIT)
+SEED_LIMIT = 1 << 32  # sample seeds lie in [0, 2**32), like train.seed (they were once taken modulo 2**32)
 
 
 class SeedError(ValueError):

@@ -286,6 +286,54 @@ def test_parts_from_other_settings_are_not_mixed_in(model_dir, tmp_path, capsys)
     assert "--out:" in err and "other settings" in err and "cfg_scale" in err
 
 
+def _interrupt_after(monkeypatch, n_calls: int):
+    real = generate.sample_images
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > n_calls:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "sample_images", interrupted)
+    return real
+
+
+def test_damaged_parts_are_sampled_again_and_a_damaged_manifest_is_named(model_dir, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A finished part damaged on disk (truncated, or garbage) is drawn again, the same, at the start instead
+    of failing the run at the end; an unreadable parts manifest is one error line naming the folder."""
+    args = ["--num-samples", 12, "--part-size", 4, "--batch-size", 4, "--no-progress"]
+    full, out = tmp_path / "full.npz", tmp_path / "s.npz"
+    assert _run("--ckpt", model_dir, "--out", full, *args) == 0
+    parts = generate.parts_dir(out)
+    real = _interrupt_after(monkeypatch, 2)  # parts 0 and 1 finished, then Ctrl-C
+    assert _run("--ckpt", model_dir, "--out", out, *args) == 130
+    assert sorted(p.name for p in parts.glob("part_*.npz")) == ["part_000000.npz", "part_000001.npz"]
+    first = parts / "part_000000.npz"
+    first.write_bytes(first.read_bytes()[:100])
+    (parts / "part_000001.npz").write_bytes(b"garbage")
+    monkeypatch.setattr(generate, "sample_images", real)
+    capsys.readouterr()
+    assert _run("--ckpt", model_dir, "--out", out, *args) == 0
+    printed = capsys.readouterr().out
+    assert "part_000000.npz is damaged" in printed and "part_000001.npz is damaged" in printed, printed
+    with np.load(full) as a, np.load(out) as b:
+        np.testing.assert_array_equal(a["arr_0"], b["arr_0"])
+        np.testing.assert_array_equal(a["arr_1"], b["arr_1"])
+
+    out2 = tmp_path / "t.npz"
+    _interrupt_after(monkeypatch, 1)
+    assert _run("--ckpt", model_dir, "--out", out2, *args) == 130
+    (generate.parts_dir(out2) / "manifest.json").write_bytes(b"\xff not json")
+    monkeypatch.setattr(generate, "sample_images", real)
+    capsys.readouterr()
+    assert _run("--ckpt", model_dir, "--out", out2, *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "manifest.json is unreadable" in err[0] and f"delete {generate.parts_dir(out2)}" in err[0]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Class names.
 

@@ -249,8 +249,8 @@ def npz_is_complete(out: str | Path, manifest: dict) -> bool:
     if not (out.is_file() and mpath.is_file()):
         return False
     try:
-        return json.loads(mpath.read_text()) == _jsonable(manifest)
-    except json.JSONDecodeError:
+        return json.loads(mpath.read_bytes()) == _jsonable(manifest)
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: not a finished file of these settings
         return False
 
 
@@ -332,7 +332,12 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     mpath = parts / "manifest.json"
     parts_manifest = {**manifest, "part_size": part_size}  # part k holds samples [k * part_size, ...)
     if mpath.is_file():  # checked by every process, so that all of them stop
-        old = json.loads(mpath.read_text())
+        try:
+            old = json.loads(mpath.read_bytes())
+        except (OSError, ValueError) as e:
+            raise SamplingStateError(
+                f"{mpath} is unreadable ({type(e).__name__}), so the parts beside it cannot be matched to these "
+                f"settings; delete {parts} to start over, or write to another output file") from None
         if old != parts_manifest:
             diff = "; ".join(_differences(old, parts_manifest))
             raise SamplingStateError(
@@ -340,6 +345,9 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                 "over, or write to another output file")
     elif dist.is_main():
         atomic_write_text(mpath, json.dumps(parts_manifest, indent=1))
+    labels = sample_labels(num_samples, classes)
+    if dist.is_main():
+        _drop_damaged_parts(part_file, labels, part_size)
     dist.barrier()
     missing = [k for k in range(num_parts) if not part_file[k].is_file()]
     dist.barrier()  # every process has listed the parts before any writes a new one
@@ -352,7 +360,6 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
         from vit5_sit.data.vae import load_vae
 
         vae = load_vae(str(vae), device=device)
-    labels = sample_labels(num_samples, classes)
     sizes = [min(part_size, num_samples - k * part_size) for k in range(num_parts)]
     if dist.is_main():
         done = _images_done(part_file, sizes)
@@ -430,6 +437,25 @@ def _read_partial(part: Path, part_labels: np.ndarray) -> list[np.ndarray]:
     if len(images) > len(part_labels) or not np.array_equal(labels, part_labels[:len(labels)]):
         return []
     return [images]
+
+
+def _drop_damaged_parts(part_files: list[Path], labels: np.ndarray, part_size: int) -> None:
+    """Delete finished parts that cannot be read or hold other labels (damaged on disk after they were written
+    atomically): each is a pure function of its seeds, so it is sampled again, the same, instead of failing the
+    run at the end. Only the zip directory and the labels are read, not the images."""
+    for k, path in enumerate(part_files):
+        if not path.is_file():
+            continue
+        expect = labels[k * part_size:(k + 1) * part_size]
+        try:
+            with np.load(path) as data:
+                ok = "images" in data.files and np.array_equal(data["labels"], expect)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            ok = False
+        if not ok:
+            print(f"warning: {path} is damaged (unreadable, or not the labels of part {k}); sampling it again",
+                  flush=True)
+            path.unlink(missing_ok=True)
 
 
 def _images_done(part_files: list[Path], sizes: list[int]) -> int:

@@ -217,3 +217,28 @@ def test_one_lazy_inception_and_reference_rule_for_evaluate_and_compare(tmp_path
     evaluator = compare.Evaluator(Reference("f", features=stored), ("kid",), None, "cpu", 8, False)
     assert isinstance(evaluator._net, evaluation.LazyInception) and evaluator.reference().features is stored
     assert evaluator._net.inception is None  # nothing loaded for a reference that holds its features
+
+
+@pytest.mark.parametrize("damage", [b"\xff\xfe not utf-8", b"[1, 2]", b'{"key": 1}', b'{"result": 3, "key": null}'])
+def test_a_damaged_metrics_cache_is_computed_again(tmp_path, damage):
+    class FakeEvaluator:
+        key = {"reference": "r", "inception": "i", "metrics": ["fid"]}
+        calls = 0
+
+        def __call__(self, samples):
+            self.calls += 1
+            return {"fid": 12.5, "num_samples": 4}
+
+    samples, manifest = tmp_path / "step_0000002.npz", tmp_path / "step_0000002.npz.json"
+    manifest.write_text('{"n": 4}')
+    evaluator = FakeEvaluator()
+    first = compare._cached_metrics(samples, manifest, evaluator, log=lambda m: None)
+    assert first["fid"] == 12.5 and evaluator.calls == 1
+    cache = next(tmp_path.glob("step_0000002.metrics-*.json"))
+    assert compare._cached_metrics(samples, manifest, evaluator, log=lambda m: None) == first
+    assert evaluator.calls == 1  # served from the cache
+    cache.write_bytes(damage)
+    assert compare._cached_metrics(samples, manifest, evaluator, log=lambda m: None) == first
+    assert evaluator.calls == 2  # damaged: computed again (and rewritten)
+    assert compare._cached_metrics(samples, manifest, evaluator, log=lambda m: None) == first
+    assert evaluator.calls == 2

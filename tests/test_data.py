@@ -190,6 +190,9 @@ def test_export_mnist_image_folder_is_idempotent(tmp_path):
     assert [p.stat().st_mtime_ns for p in files] == stamps
     with pytest.raises(ValueError, match="already holds a different export"):
         export_mnist(out, resolution=16, limit_per_class=3)
+    (out / ".export_complete.json").write_bytes(b"\xff damaged")  # a damaged marker: a named error
+    with pytest.raises(ValueError, match="export_complete.json: unreadable .*delete .* and export again"):
+        export_mnist(out, resolution=32, limit_per_class=3)
 
 
 def test_export_sklearn_digits(tmp_path):

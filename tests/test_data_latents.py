@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 import time
 
 import numpy as np
@@ -218,6 +219,27 @@ def test_latent_dataset_seeded_flips_and_samples(images_dir, vae, tmp_path):
 
 def test_latent_dataset_needs_a_finished_cache(tmp_path):
     with pytest.raises(ValueError, match="not a finished latent cache.*python -m vit5_sit.data encode"):
+        LatentDataset(tmp_path)
+
+
+@pytest.mark.parametrize("meta, shard, message", [
+    (b"\xff{not json", None, "meta.json: unreadable"),
+    (b"[1, 2]", None, "cache format list, expected"),
+    (json.dumps({"format": latents_module.CACHE_FORMAT}).encode(), None, "meta.json: malformed (KeyError"),
+    (json.dumps({"format": latents_module.CACHE_FORMAT, "class_names": ["a"], "scaling_factor": 0.18,
+                 "shift_factor": 0.0, "shards": [{"file": "shard_00000.safetensors", "count": 1}]}).encode(),
+     b"garbage", "shard_00000.safetensors: unreadable latent shard"),
+    (json.dumps({"format": latents_module.CACHE_FORMAT, "class_names": ["a"], "scaling_factor": 0.18,
+                 "shift_factor": 0.0, "shards": [{"file": "shard_00000.safetensors", "count": 1}]}).encode(),
+     None, "shard_00000.safetensors: unreadable latent shard"),
+])
+def test_a_damaged_latent_cache_is_a_named_error(tmp_path, meta, shard, message):
+    """A damaged meta.json or shard is a ValueError naming the file and the command that re-encodes (train.py
+    prints it as one line), not a KeyError or a safetensors traceback."""
+    (tmp_path / "meta.json").write_bytes(meta)
+    if shard is not None:
+        (tmp_path / "shard_00000.safetensors").write_bytes(shard)
+    with pytest.raises(ValueError, match=re.escape(message)):
         LatentDataset(tmp_path)
 
 

@@ -57,9 +57,11 @@ def collect_metrics(run_dir: str | Path, step: int) -> list[dict]:
     found = []
     for path in sorted(Path(run_dir).glob(f"eval/*/step_{step:07d}.metrics-*.json")):
         try:
-            cached = json.loads(path.read_text())
+            cached = json.loads(path.read_bytes())
             result, key = cached["result"], cached.get("key", {})
-        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # damaged: not a result
+            continue
+        if not isinstance(result, dict) or not isinstance(key, dict):
             continue
         reference = key.get("reference")
         reference = Path(reference["path"]).name if isinstance(reference, dict) and "path" in reference else None
@@ -163,8 +165,8 @@ def read_metrics(folder: str | Path) -> list[dict]:
     if not path.is_file():
         return []
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # not JSON, or not UTF-8
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     return data if isinstance(data, list) else []
 

@@ -69,7 +69,11 @@ def _export(out_dir, images, labels, indices, settings: dict, to_image) -> Path:
         raise ValueError(f"resolution must be positive, got {settings['resolution']}")
     marker = out_dir / MARKER
     if marker.is_file():
-        done = json.loads(marker.read_text())
+        try:
+            done = json.loads(marker.read_bytes())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{marker}: unreadable ({type(e).__name__}); delete {str(out_dir)!r} and export "
+                             "again") from None
         if done == settings:
             return out_dir
         raise ValueError(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, stale_temp_files
@@ -256,20 +256,31 @@ class LatentDataset(torch.utils.data.Dataset):
                 f"{str(self.root)!r} is not a finished latent cache ({META_FILE} missing): run "
                 f"`python -m vit5_sit.data encode --data IMAGES --out {self.root}` (it resumes)"
             )
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"{meta_path}: cache format {self.meta.get('format')}, expected {CACHE_FORMAT}")
+        redo = f"run `python -m vit5_sit.data encode --data IMAGES --out {self.root}` again (it resumes)"
+        try:
+            self.meta = json.loads(meta_path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{meta_path}: unreadable ({type(e).__name__}: {e}); {redo}") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != CACHE_FORMAT:
+            found = self.meta.get("format") if isinstance(self.meta, dict) else type(self.meta).__name__
+            raise ValueError(f"{meta_path}: cache format {found}, expected {CACHE_FORMAT}")
         self.random_flip, self.seed, self.sample_posterior = random_flip, seed, sample_posterior
         self.epoch = 0
-        self.classes = list(self.meta["class_names"])
-        self.scaling_factor = float(self.meta["scaling_factor"])
-        self.shift_factor = float(self.meta["shift_factor"])
-        self._files = [self.root / s["file"] for s in self.meta["shards"]]
-        self._offsets = np.cumsum([0] + [s["count"] for s in self.meta["shards"]]).tolist()
+        try:
+            self.classes = list(self.meta["class_names"])
+            self.scaling_factor = float(self.meta["scaling_factor"])
+            self.shift_factor = float(self.meta["shift_factor"])
+            self._files = [self.root / s["file"] for s in self.meta["shards"]]
+            self._offsets = np.cumsum([0] + [s["count"] for s in self.meta["shards"]]).tolist()
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{meta_path}: malformed ({type(e).__name__}: {e}); {redo}") from None
         labels = []
         for path in self._files:
-            with safe_open(str(path), framework="pt") as f:
-                labels.append(f.get_tensor("labels"))
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    labels.append(f.get_tensor("labels"))
+            except (SafetensorError, OSError) as e:  # missing, truncated or not a safetensors file
+                raise ValueError(f"{path}: unreadable latent shard ({type(e).__name__}: {e}); {redo}") from None
         self.labels = torch.cat(labels)  # (N,) int64, for class statistics or balanced samplers
         self._handles: dict[int, object] = {}
 

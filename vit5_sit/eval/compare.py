@@ -307,11 +307,11 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: Evaluator, log, co
     path = samples.with_name(f"{samples.stem}.metrics-{_short_hash(key)}.json")
     if path.is_file():
         try:
-            cached = json.loads(path.read_text())
-            if cached.get("key") == key:
-                return cached["result"]
-        except (json.JSONDecodeError, KeyError):
-            pass
+            cached = json.loads(path.read_bytes())
+        except (OSError, ValueError):  # damaged: computed again
+            cached = None
+        if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("result"), dict):
+            return cached["result"]
     if not compute:
         return None
     result = evaluator(samples)

@@ -295,6 +295,14 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)  # served from the caches
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
     assert [r["fid"] for r in first] == [r["fid"] for r in rows if r["sample_seed"] == 0]
+    damaged = spec.run_dir(spec.arms[0], 1) / "config.yaml"  # vit5 seed 1: its checkpoints cannot be read
+    good = damaged.read_bytes()
+    damaged.write_text("model: [not, a, mapping\n")
+    failures: list[str] = []
+    partial = runner.evaluate_all(spec, progress=False, log=lambda *_: None, failures=failures)
+    assert failures == ["vit5-s1 step 2", "vit5-s1 step 4"] and len(partial) == len(rows) - 2  # the rest: done
+    assert main(["eval", str(spec_path), "--no-progress"]) == 1  # the report is written, the failure said
+    damaged.write_bytes(good)
     assert main(["eval", str(spec_path), "--no-noise", "--arms", "sit", "--no-progress"]) == 0  # all cached
     assert "Sampling noise" in (tmp_path / "results" / "study.md").read_text()  # the report keeps every row
 

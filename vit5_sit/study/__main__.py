@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
                 return 1
         if args.command in ("run", "eval", "report"):
+            failures: list[str] = []
             if args.command != "report":
                 rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
                                            noise=not args.no_noise, arms=args.arms, seeds=args.seeds,
-                                           steps=args.steps)
+                                           steps=args.steps, failures=failures)
             if args.command == "report" or args.arms or args.seeds or args.steps or args.no_noise:
                 # The report holds every evaluation done so far (the sampling-noise ones included), whatever
                 # part of the study this command evaluated: it is the same file, never a partial view.
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(spec, rows, args.out)
             print(path.read_text())
             print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")
+            if failures:
+                print(f"error: {len(failures)} checkpoint(s) could not be evaluated ({', '.join(failures)}; see the "
+                      "warnings above); the report shows them as missing", file=sys.stderr)
+                return 1
         return 0
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -203,18 +203,21 @@ def evaluation_plan(spec: StudySpec, noise: bool = True, arms: list[str] | None 
 
 def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, noise: bool = True,
                  cached_only: bool = False, arms: list[str] | None = None, seeds: list[int] | None = None,
-                 steps: list[int] | None = None, log=print) -> list[dict]:
+                 steps: list[int] | None = None, log=print, failures: list[str] | None = None) -> list[dict]:
     """Evaluate every study checkpoint that exists (cached: nothing is sampled or scored twice).
 
     ``noise=False`` leaves out the sampling-noise evaluations (the report then says they are pending);
     ``cached_only`` computes nothing: the rows of the evaluations already done (a report while others run).
     ``arms`` / ``seeds`` / ``steps`` evaluate only those (e.g. one step of every arm first).
+    A checkpoint that cannot be loaded (damaged weights, a bad config.yaml) is skipped with a warning, and
+    appended to ``failures``: the others are still evaluated, and the report shows it as missing.
 
     Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
     """
     import torch
 
-    from vit5_sit.config import load_config
+    from vit5_sit.checks import ModelLoadError
+    from vit5_sit.config import ConfigError, load_config
     from vit5_sit.eval.compare import Evaluator, evaluate_checkpoint
     from vit5_sit.eval.evaluation import parse_metrics
     from vit5_sit.train.checkpoint import Checkpoint
@@ -232,9 +235,16 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
         path = _checkpoints(run).get(step)
         if path is None:
             continue
-        cfg = load_config(run / "config.yaml")
-        row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path), _settings(spec, sample_seed),
-                                  evaluator, device=device, progress=progress, log=log, cached_only=cached_only)
+        try:
+            cfg = load_config(run / "config.yaml")
+            row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path), _settings(spec, sample_seed),
+                                      evaluator, device=device, progress=progress, log=log,
+                                      cached_only=cached_only)
+        except (ConfigError, ModelLoadError) as e:
+            log(f"warning: {run.name} step {step} not evaluated: {e}")
+            if failures is not None:
+                failures.append(f"{run.name} step {step}")
+            continue
         if row is None:
             continue
         rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed,

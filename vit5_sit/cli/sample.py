@@ -336,10 +336,13 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
     if args.save_images is not None:
         from PIL import Image
 
+        from vit5_sit.utils import atomic_write_file
+
         folder = Path(args.save_images)
         folder.mkdir(parents=True, exist_ok=True)
         for image, label, seed in zip(images, labels, seeds):
-            Image.fromarray(image).save(folder / f"seed{seed:06d}_class{label:04d}.png")
+            with atomic_write_file(folder / f"seed{seed:06d}_class{label:04d}.png") as tmp:  # never half a PNG
+                Image.fromarray(image).save(tmp, format="PNG")
 
 
 def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:

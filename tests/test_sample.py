@@ -361,6 +361,14 @@ def test_parse_classes():
         parse_classes("3,10", 10)
     with pytest.raises(ClassSpecError, match="only for 1000-class"):
         parse_classes("goldfish", 10)
+    # huge ids and ranges are refused before anything is built (a range 0-9999999999 was a MemoryError,
+    # a 20-digit id an OverflowError, a 5000-digit id int()'s digit limit); non-ASCII digits are not ids
+    for spec in ("0-9999999999", "99999999999999999999", "9" * 5000, "0-" + "9" * 5000):
+        with pytest.raises(ClassSpecError, match="out of range.*0-9"):
+            parse_classes(spec, 10)
+    with pytest.raises(ClassSpecError, match="only for 1000-class"):
+        parse_classes("\u00b2", 10)  # superscript two: str.isdigit() is true, int() fails
+    assert parse_classes("007,2-3", 10) == [7, 2, 3]
 
 
 # ----------------------------------------------------------------------------------------------------------

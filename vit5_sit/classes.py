@@ -17,7 +17,7 @@ IMAGENET_CLASSES_FILE = Path(__file__).parent / "assets" / "imagenet_classes.txt
 IMAGENET_NUM_CLASSES = 1000
 DEFAULT_IMAGENET_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]  # DiT's sample.py grid
 MAX_GRID_CLASSES = 16  # a grid shows every class of a model with at most this many
-_RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
+_RANGE = re.compile(r"^([0-9]+)\s*-\s*([0-9]+)$")
 _SAME_NAME = {134: "crane, the bird", 517: "crane, the machine"}  # one name, two classes, no other synonym
 
 
@@ -96,16 +96,26 @@ def _lookup_name(name: str) -> int:
     return ids[0]
 
 
+def _class_id(digits: str, num_classes: int) -> int:
+    """The id an ASCII digit string names, checked against the model (huge numbers are not converted)."""
+    i = int(digits) if len(digits) <= 18 else None
+    if i is None or not 0 <= i < num_classes:
+        shown = digits if len(digits) <= 18 else f"{digits[:8]}...({len(digits)} digits)"
+        raise ClassSpecError(f"class id {shown} out of range: this model has {num_classes} classes "
+                             f"(ids 0-{num_classes - 1})")
+    return i
+
+
 def parse_classes(spec: str, num_classes: int) -> list[int]:
     """Class ids from a `--classes` value: comma-separated ids, ranges ``a-b`` and (ImageNet) names."""
     out: list[int] = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        if item.isdigit():
-            ids = [int(item)]
+        if item.isascii() and item.isdigit():
+            ids = [_class_id(item, num_classes)]
         elif m := _RANGE.match(item):
-            lo, hi = int(m.group(1)), int(m.group(2))
+            lo, hi = (_class_id(g, num_classes) for g in m.groups())  # checked before the range is built
             if lo > hi:
                 raise ClassSpecError(f"class range {item!r}: start is after end (write {hi}-{lo})")
             ids = list(range(lo, hi + 1))
@@ -114,10 +124,6 @@ def parse_classes(spec: str, num_classes: int) -> list[int]:
         else:
             raise ClassSpecError(f"class {item!r}: names are known only for 1000-class ImageNet models; this "
                                  f"model has {num_classes} classes, give ids 0-{num_classes - 1}")
-        for i in ids:
-            if not 0 <= i < num_classes:
-                raise ClassSpecError(f"class id {i} out of range: this model has {num_classes} classes "
-                                     f"(ids 0-{num_classes - 1})")
         out.extend(ids)
     if not out:
         raise ClassSpecError(f"no classes in {spec!r}: give ids or names separated by commas, e.g. 207,360")

@@ -189,6 +189,15 @@ def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_p
         assert f"argument {flag}: must be at least 1, got {value}" in capsys.readouterr().err
     assert main(["train", str(path), "--until", "150"]) == 2
     assert "--until 150: beyond the study's last step 100" in capsys.readouterr().err
+    # a flag the command does not act on is refused, not ignored (`train --steps 100` trained to the end)
+    for argv, flag in [(["train", "--steps", "100"], "--steps"), (["status", "--until", "100"], "--until"),
+                       (["report", "--arms", "a"], "--arms"), (["eval", "--jobs", "2"], "--jobs")]:
+        with pytest.raises(SystemExit):
+            main([argv[0], str(path), *argv[1:]])
+        assert f"{flag} does nothing for '{argv[0]}'" in capsys.readouterr().err
+    assert main(["status", str(path), "--seeds", "0"]) == 0  # status takes the filters
+    assert "a s0: step" in capsys.readouterr().out
+    assert main(["status", str(path), "--arms", "zz"]) == 2
 
 
 def test_run_refuses_a_missing_reference_before_training(tmp_path, capsys):

@@ -59,15 +59,36 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Which commands each optional flag acts on: a flag given to another command would be silently ignored
+# (`train --steps 1200` trained to the study's last step), so it is refused instead.
+_FLAG_COMMANDS = {
+    "jobs": ("run", "train"), "threads": ("run", "train"), "until": ("run", "train"),
+    "arms": ("run", "train", "eval", "status"), "seeds": ("run", "train", "eval", "status"),
+    "steps": ("run", "eval"), "no_noise": ("run", "eval"), "device": ("run", "eval"),
+    "out": ("run", "eval", "report"),
+}
+_HINTS = {"steps": " (to train only to a step, use --until)", "until": " (to evaluate one step, use eval --steps)"}
+
+
+def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for dest, commands in _FLAG_COMMANDS.items():
+        if getattr(args, dest) not in (None, False, p.get_default(dest)) and args.command not in commands:
+            flag = "--" + dest.replace("_", "-")
+            p.error(f"{flag} does nothing for '{args.command}'; it is for: {', '.join(commands)}"
+                    f"{_HINTS.get(dest, '')}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    _check_flags(p, args)
     try:
         from . import runner
         from .report import write_report
 
         spec = load_study(args.spec)
         if args.command == "status":
-            for s in runner.status(spec):
+            for s in runner.status(spec, args.arms, args.seeds):
                 print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
             return 0
         if args.command == "run":

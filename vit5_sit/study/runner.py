@@ -252,10 +252,11 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     return rows
 
 
-def status(spec: StudySpec) -> list[dict]:
-    """Per (arm, seed): the newest verified step and which evaluated steps exist."""
+def status(spec: StudySpec, arms: list[str] | None = None, seeds: list[int] | None = None) -> list[dict]:
+    """Per (arm, seed), limited to ``arms`` / ``seeds`` when given: the newest verified step and which
+    evaluated steps exist."""
     out = []
-    for arm, seed in spec.pairs():
+    for arm, seed in select_pairs(spec, arms, seeds):
         ckpts = _checkpoints(spec.run_dir(arm, seed))
         out.append({"arm": arm.name, "seed": seed, "step": max(ckpts, default=0),
                     "eval_steps": [s for s in spec.steps if s in ckpts]})

@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT) in sample.py and train.py, and SIGTERM in train.py: one line, exit code 130, finished work
+"""Ctrl-C (SIGINT) and SIGTERM in sample.py, train.py and the other commands: one line, exit code 130, finished work
 kept, and the same command run again finishes with exactly the output of an uninterrupted run."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vit5_sit.config import load_config, save_config
-from vit5_sit.interrupt import sigint_at_default
+from vit5_sit.interrupt import EXIT_CODE, sigint_at_default, sigterm_as_ctrl_c, stops_cleanly
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import list_checkpoints
 
@@ -80,7 +80,43 @@ def test_sigint_at_default_undoes_an_ignored_sigint():
 
 
 @pytest.mark.slow
-def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_command_prints_its_line_instead_of_a_traceback(sig, capsys):
+    @stops_cleanly("interrupted: kept X; run it again")
+    def main(argv=None) -> int:
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the signal lands here
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main() == EXIT_CODE
+    assert capsys.readouterr().err.strip() == "interrupted: kept X; run it again"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    with sigterm_as_ctrl_c(), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+
+@pytest.mark.parametrize("module", ["vit5_sit.cli.eval_fid", "vit5_sit.data.__main__", "vit5_sit.demo",
+                                    "vit5_sit.digit_classifier", "vit5_sit.repa.classifier"])
+def test_every_long_command_stops_cleanly(module, monkeypatch, capsys):
+    """Ctrl-C in eval_fid.py, the data tools, the exporters and the classifiers was a traceback."""
+    import importlib
+
+    mod = importlib.import_module(module)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mod.argparse.ArgumentParser, "parse_args", stop)
+    monkeypatch.setattr(mod.argparse.ArgumentParser, "parse_known_args", stop)
+    assert mod.main([]) == EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted") and "again" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])  # SIGTERM: `kill`, `timeout`, a scheduler
+def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tmp_path, sig):
     args = ["--ckpt", str(model_dir), "--num-samples", "240", "--part-size", "40", "--batch-size", "8"]
     cmd = [sys.executable, str(ROOT / "sample.py"), *args]
     full = tmp_path / "full.npz"
@@ -88,8 +124,9 @@ def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tm
 
     out = tmp_path / "s.npz"
     parts = out.with_name(out.name + ".parts")
-    code, err = _interrupt_when([*cmd, "--out", str(out)], lambda _: (parts / "part_000001.npz").exists())
+    code, err = _interrupt_when([*cmd, "--out", str(out)], lambda _: (parts / "part_000001.npz").exists(), sig=sig)
     assert code == 130, err
+    assert not out.with_name(out.name + ".lock").exists()  # released (a SIGTERM once left it behind)
     assert "Traceback" not in err
     line = _last_line(err)
     assert line.startswith("interrupted at image ") and line.endswith("run the same command again to continue")

@@ -546,6 +546,20 @@ def test_gflops_of_the_official_sizes():
     assert (round(got["S"], 2), round(got["B"], 2), round(got["L"], 2), round(got["XL"], 1)) == (
         6.06, 23.01, 80.70, 118.6)
     assert count_flops("SiT-XL/2", input_size=64) > 4 * count_flops("SiT-XL/2")
+    for bad in (0, -4, 33):  # 0 once meant "the training size", -4 and 33 gave numbers
+        with pytest.raises(ValueError, match=f"input_size={bad}: must be a positive multiple of the patch size 2"):
+            count_flops("SiT-XL/2", input_size=bad)
+
+
+def test_presets_listing_refuses_bad_sizes_and_marks_presets_that_do_not_fit(capsys):
+    from vit5_sit.models.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--input-size", "0"])
+    assert "argument --input-size: must be at least 1, got 0" in capsys.readouterr().err
+    main(["--input-size", "36"])
+    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["SiT-XL/8"] == "-" and float(rows["SiT-XL/4"]) > 0
 
 
 @pytest.mark.parametrize("name,overrides", [("SiT-T/2", {}), ("ViT5-T/4", {"mlp": "swiglu"}),

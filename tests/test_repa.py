@@ -12,7 +12,7 @@ from test_train import _cli_overrides, _fresh_accelerate_state, _image_folder, _
 from vit5_sit.config import ConfigError, load_config
 from vit5_sit.models import create_model
 from vit5_sit.repa import Alignment, EncoderError, alignment_loss, build_projector, load_encoder
-from vit5_sit.repa.classifier import Classifier, load_classifier, save_classifier
+from vit5_sit.repa.classifier import Classifier, load_classifier, main, save_classifier
 from vit5_sit.repa.encoders import features_on_grid
 from vit5_sit.train.checkpoint import list_checkpoints
 from vit5_sit.train.objective import Batch, Objective, StepRng, Trainee
@@ -113,6 +113,33 @@ def test_own_encoder_file_round_trip(tmp_path):
         load_encoder(str(tmp_path / "other.safetensors"))
     with pytest.raises(EncoderError, match="no such file"):
         load_encoder(str(tmp_path / "missing.safetensors"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "argument --steps: must be at least 1"),  # was: an untrained encoder, "wrote"
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1"),
+    (["--lr", "nan"], "argument --lr: must be a finite number"),
+    (["--lr", "-1"], "argument --lr: must be greater than 0"),
+    (["--seed", "-1"], "argument --seed: must be 0 or more"),
+    (["--channels", "2"], "argument --channels: invalid choice"),
+])
+def test_encoder_cli_refuses_bad_numbers_before_reading_data(tmp_path, flags, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path / "none"), "--out", str(tmp_path / "e.safetensors"), *flags])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hidden-size", "7"], "--hidden-size/--num-heads: hidden_size=7 is not divisible by num_heads=2"),
+    (["--resolution", "30"], "input_size=30 is not divisible by patch_size=4"),  # were tracebacks after loading
+    (["--out", "e.pt"], "--out=e.pt: the encoder file must end in .safetensors"),
+])
+def test_encoder_cli_names_bad_model_flags(tmp_path, flags, message, capsys):
+    out = ["--out", str(tmp_path / "e.safetensors")] if "--out" not in flags else []
+    assert main(["--data", str(tmp_path / "none"), *out, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing read, nothing written
 
 
 def test_timm_encoder_from_a_local_file_and_the_offline_error(tmp_path, monkeypatch):

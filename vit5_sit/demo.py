@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from vit5_sit.config import ConfigError
+from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, resolve_checkpoint
 
 
@@ -47,6 +48,8 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: t
     return write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
 
 
+@stops_cleanly("interrupted: each file in the model folder is whole, but the folder may mix this export with "
+               "an earlier one; run the same command again")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vit5_sit.checks import nonnegative_int
+from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 CLASSIFIER = Path(__file__).parent / "assets" / "digit_classifier"
@@ -143,13 +145,15 @@ def per_class_correct(predicted: np.ndarray, labels: np.ndarray, num_classes: in
     return [int(((predicted == labels) & (labels == c)).sum()) for c in range(num_classes)]
 
 
+@stops_cleanly("interrupted: nothing half-written is left (the classifier's files are written when its "
+               "training ends); run the same command again")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.digit_classifier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train the classifier on the real digits")
     t.add_argument("--out", default=str(CLASSIFIER), help=f"folder (default: {CLASSIFIER})")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=nonnegative_int, default=0)
     c = sub.add_parser("check", help="per-class accuracy of a digit model's grid; other flags go to sample.py")
     c.add_argument("--classifier", default=str(CLASSIFIER))
     args, rest = p.parse_known_args(argv)

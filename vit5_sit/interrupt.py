@@ -5,15 +5,19 @@ atomically and the rest is simply drawn again. Training must not stop half-way t
 update, so `deferred_sigint` turns the first Ctrl-C into a request that the loop reads at the end of a step
 (`stop_requested`); the loop then saves a checkpoint and raises `Interrupted`. A second Ctrl-C stops at once.
 SIGTERM is treated the same way (`STOP_SIGNALS`), so ``kill PID`` or a scheduler's stop keeps the work too.
-Until a loop first asks, Ctrl-C raises at once (there is nothing to keep yet).
+Until a loop first asks, Ctrl-C raises at once (there is nothing to keep yet). The other commands (sampling,
+evaluation, the data and export tools) see SIGTERM as Ctrl-C (`sigterm_as_ctrl_c`), and `stops_cleanly`
+turns either into one line and exit code 130 instead of a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 # SIGTERM (``kill PID``, a batch scheduler's stop or pre-emption notice) is handled like Ctrl-C: the first one
@@ -68,3 +72,39 @@ def deferred_sigint(enabled: bool = True) -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _state.update(polled=False, requested=False)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within this block SIGTERM (``kill PID``, ``timeout``, a scheduler's stop) raises KeyboardInterrupt, as
+    Ctrl-C does, so the ``except KeyboardInterrupt`` paths that keep finished work and release locks run for
+    it too. Off the main thread (where no handler can be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Decorator for a command's ``main``: Ctrl-C or SIGTERM prints ``message`` (one line: what was kept and
+    how to continue) and returns EXIT_CODE, instead of a traceback. The command's files are written
+    atomically, so whatever it was writing is either whole or absent."""
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def run(*args, **kwargs) -> int:
+            try:
+                with sigterm_as_ctrl_c():
+                    return main(*args, **kwargs)
+            except KeyboardInterrupt:
+                print(message, file=sys.stderr, flush=True)
+                return EXIT_CODE
+        return run
+    return wrap

@@ -60,6 +60,7 @@ from vit5_sit.eval import (
     open_reference,
     parse_metrics,
 )
+from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.utils import atomic_write_text
 
 COMPARE_MAX_SAMPLES = 10_000  # compare's default sample count: the reference's size, at most this
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stops_cleanly("interrupted: no half-written file is left (`ref` and `calc` write theirs when done, `compare` "
+               "keeps every checkpoint it finished in its caches); run the same command again to continue")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

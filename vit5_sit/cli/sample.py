@@ -361,9 +361,12 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vit5_sit.interrupt import sigterm_as_ctrl_c
+
     args = build_parser().parse_args(argv)
     try:
-        return run(args)
+        with sigterm_as_ctrl_c():  # `kill`, `timeout`, a scheduler's stop: kept work and lock as for Ctrl-C
+            return run(args)
     except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
         return interrupted("interrupted before any image was finished; run the same command again")
     except UsageError as e:

@@ -21,6 +21,7 @@ import sys
 import torch
 
 from vit5_sit.checks import UsageError, output_folder, parse_device
+from vit5_sit.interrupt import stops_cleanly
 
 from .digits import export_mnist, export_sklearn_digits
 from .images import find_images
@@ -57,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@stops_cleanly("interrupted: every file written so far is whole (an export or a latent cache is complete once "
+               "the command says it is ready); run the same command again to finish it")
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

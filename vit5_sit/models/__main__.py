@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import argparse
 
+from vit5_sit.checks import positive_int
 from vit5_sit.models.flops import count_flops, count_params
 from vit5_sit.models.presets import PRESETS
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit5_sit.models", description=__doc__.splitlines()[0])
-    parser.add_argument("--input-size", type=int, default=None,
-                        help="input height = width for the GFLOPs (default: each preset's)")
+    parser.add_argument("--input-size", type=positive_int, default=None,
+                        help="input height = width for the GFLOPs (default: each preset's); presets whose patch "
+                             "size does not divide it show '-'")
     args = parser.parse_args(argv)
     print(f"{'preset':<12} {'params':>15} {'trainable':>15} {'GFLOPs':>9}")
     for name, cfg in PRESETS.items():
         params, trainable = count_params(cfg), count_params(cfg, trainable_only=True)
-        gflops = count_flops(cfg, args.input_size) / 1e9
-        print(f"{name:<12} {params:>15,} {trainable:>15,} {gflops:>9.2f}")
+        fits = args.input_size is None or args.input_size % cfg.patch_size == 0
+        gflops = f"{count_flops(cfg, args.input_size) / 1e9:>9.2f}" if fits else f"{'-':>9}"
+        print(f"{name:<12} {params:>15,} {trainable:>15,} {gflops}")
 
 
 if __name__ == "__main__":

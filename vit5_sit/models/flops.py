@@ -30,8 +30,10 @@ def count_flops(cfg: ModelConfig | str, input_size: int | None = None) -> int:
     training size). Registers add tokens to every block."""
     if isinstance(cfg, str):
         cfg = model_config(cfg)
-    size = input_size or cfg.input_size
+    size = cfg.input_size if input_size is None else input_size
     D, p = cfg.hidden_size, cfg.patch_size
+    if size < 1 or size % p:
+        raise ValueError(f"input_size={size}: must be a positive multiple of the patch size {p}")
     n_patch = (size // p) ** 2
     T = n_patch + cfg.num_registers
     mlp = 2 * D * int(D * cfg.mlp_ratio) if cfg.mlp == "gelu" else 3 * D * cfg.swiglu_hidden

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5_sit.checks import UsageError, nonnegative_int, output_file, positive_float, positive_int
+from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.models import ModelConfig, create_model, model_config
 from vit5_sit.models.layers import rms_norm
 
@@ -149,23 +151,36 @@ def train_classifier(dataset, steps: int, batch_size: int, lr: float, seed: int,
     return model.eval(), info
 
 
+@stops_cleanly("interrupted: the encoder file was not written (it is written whole when the training ends); "
+               "run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.repa.classifier", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/mnist32", help="MNIST export folder (written on first use)")
     p.add_argument("--kind", default="mnist", choices=("mnist", "images"), help="'images': class folders")
-    p.add_argument("--resolution", type=int, default=32)
-    p.add_argument("--channels", type=int, default=1)
+    p.add_argument("--resolution", type=positive_int, default=32)
+    p.add_argument("--channels", type=int, default=1, choices=(1, 3))
     p.add_argument("--out", required=True, help="encoder file to write (.safetensors)")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--depth", type=int, default=3, help="blocks of the ViT-5 trunk (patch 4, as ViT5-T/4)")
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--num-heads", type=int, default=2)
+    p.add_argument("--steps", type=positive_int, default=400)
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--depth", type=positive_int, default=3, help="blocks of the ViT-5 trunk (patch 4, as ViT5-T/4)")
+    p.add_argument("--hidden-size", type=positive_int, default=128)
+    p.add_argument("--num-heads", type=positive_int, default=2)
     args = p.parse_args(argv)
-    if not args.out.endswith(".safetensors"):
-        print(f"error: --out={args.out}: the encoder file must end in .safetensors", file=sys.stderr)
+    try:  # every input checked before the data is read and the training starts
+        if not args.out.endswith(".safetensors"):
+            raise UsageError(f"--out={args.out}: the encoder file must end in .safetensors")
+        output_file(args.out, "--out")
+        try:
+            model_config(DEFAULT_PRESET, **{**DEFAULT_OVERRIDES, "input_size": args.resolution,
+                                            "in_channels": args.channels, "depth": args.depth,
+                                            "hidden_size": args.hidden_size, "num_heads": args.num_heads})
+        except ValueError as e:
+            raise UsageError(f"--resolution/--depth/--hidden-size/--num-heads: {e}") from None
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from vit5_sit.data import build_dataset
 

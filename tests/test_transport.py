@@ -407,7 +407,9 @@ def test_seed_rule():
                                 (2**32 - 10, 11, "for 11 images.*choose seed between 0 and 4294967285"),
                                 (True, 1, "seed=True: expected a whole number"),
                                 (1.0, 1, "seed=1.0: expected a whole number"),
-                                ("3", 1, "seed='3': expected a whole number")]:
+                                ("3", 1, "seed='3': expected a whole number"),
+                                # more images than seeds: once "choose seed between 0 and -5705032704"
+                                (0, 10**10, "10000000000 images: more than the 4294967296 distinct sample seeds")]:
         with pytest.raises(SeedError, match=message):
             check_seeds(bad, count)
     with pytest.raises(SeedError, match="--seed=-5"):

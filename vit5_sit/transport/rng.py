@@ -23,6 +23,9 @@ def check_seeds(first, count: int = 1, name: str = "seed") -> int:
     if isinstance(first, bool) or not isinstance(first, numbers.Integral):
         raise SeedError(f"{name}={first!r}: expected a whole number >= 0")
     first, last = int(first), int(first) + max(int(count), 1) - 1
+    if count > SEED_LIMIT:
+        raise SeedError(f"{count} images: more than the {SEED_LIMIT} distinct sample seeds (image i has seed "
+                        f"{name} + i); draw at most {SEED_LIMIT} images per run")
     if first < 0 or last >= SEED_LIMIT:
         images = f" (image i has seed {name} + i, for {count} images)" if count > 1 else ""
         raise SeedError(f"{name}={first}: sample seeds must lie in [0, {SEED_LIMIT - 1}]{images}; choose {name} "

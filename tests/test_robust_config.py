@@ -118,6 +118,16 @@ def test_non_utf8_config_is_one_line(tmp_path):
     assert str(path) in _one_line(e)
 
 
+def test_an_integer_too_long_to_read_is_a_config_error(tmp_path):
+    huge = "9" * 5000  # past Python's 4300-digit int() limit: a bare ValueError from the YAML reader
+    path = tmp_path / "c.yaml"
+    path.write_text(f"train:\n  max_steps: {huge}\n")
+    with pytest.raises(ConfigError, match="unreadable value"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="train.max_steps="):
+        load_config(None, [f"train.max_steps={huge}"])
+
+
 @pytest.mark.parametrize("override, message", [
     ("name=", "name is empty"),
     ("name=  ", "name is empty"),

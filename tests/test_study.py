@@ -160,6 +160,16 @@ def test_bad_study_files_are_named_errors(tmp_path, change, message, capsys):
     assert len(err) == 1 and err[0].startswith("error: ")
 
 
+@pytest.mark.parametrize("content, message", [(b"name: t\nsteps: [\xff]\n", "not a text file"),
+                                              (b"name: t\nsteps: [" + b"9" * 5000 + b"]\n", "unreadable value")])
+def test_unreadable_study_files_are_one_line(tmp_path, content, message, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(content)
+    assert main(["status", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(path) in err[0]
+
+
 def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_path, capsys):
     from vit5_sit.study.runner import select_pairs, train_command
 

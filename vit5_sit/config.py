@@ -171,6 +171,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
+        except ValueError as e:  # e.g. an integer of more than 4300 digits
+            raise ConfigError(f"{path}: unreadable value: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
@@ -216,7 +218,7 @@ def _parse_scalar(text: str) -> Any:
     """YAML scalar parsing, plus floats like 2e-4 that YAML 1.1 reads as strings."""
     try:
         value = yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: an integer of more than 4300 digits
         return text
     if isinstance(value, str):
         try:

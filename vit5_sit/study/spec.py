@@ -211,6 +211,10 @@ def load_study(path: str | Path) -> StudySpec:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise StudyError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError:
+        raise StudyError(f"{path}: not a text file (not UTF-8)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise StudyError(f"{path}: unreadable value: {e}") from None
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: expected a mapping with name, steps, seeds, arms")
     _known(str(path), raw, {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms", "decision"})

@@ -137,6 +137,11 @@ def test_bad_arguments_name_the_value(pipe):
     (dict(class_labels=[0], seed=-1), r"seed=-1: sample seeds must lie in \[0, 4294967295\]"),
     (dict(class_labels=[0, 1], seed=2**32 - 1), "choose seed between 0 and 4294967294"),
     (dict(class_labels=[0, 1], seed=[0, True]), "seed=True: expected a whole number"),
+    (dict(class_labels=[0], seed=1, generator=torch.Generator()), "give seed or generator, not both"),
+    (dict(class_labels=[-1]), r"class id -1 out of range: this model has 10 classes \(ids 0-9\)"),
+    (dict(class_labels=[1.0]), "class label 1.0: give a class id"),
+    (dict(class_labels=torch.tensor([0.5])), "class label 0.5: give a class id"),
+    (dict(class_labels=[0], num_inference_steps=0), "sampler / method / num_inference_steps: .*steps=0"),
 ])
 def test_bad_seeds_labels_and_batches_are_refused_before_sampling(pipe, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -149,6 +154,8 @@ def test_seeds_as_arrays_and_tensors(pipe):
     c = pipe([0, 1], seed=np.array([5, 9]), output_type="np", num_inference_steps=1)
     assert a.seeds == b.seeds == c.seeds == [5, 9]
     assert np.array_equal(a.images, b.images) and np.array_equal(a.images, c.images)
+    assert pipe.get_label_ids(torch.tensor([3, 1])) == pipe.get_label_ids(np.array([3, 1])) == [3, 1]
+    assert pipe.get_label_ids(torch.tensor(4)) == pipe.get_label_ids([torch.tensor(4)]) == [4]  # was refused
 
 
 def test_imagenet_names(tmp_path):

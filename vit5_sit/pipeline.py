@@ -123,14 +123,24 @@ class Vit5SitPipeline:
 
     def get_label_ids(self, labels: int | str | Sequence[int | str]) -> list[int]:
         """Class ids from ids and (ImageNet) names, as ``sample.py --classes`` reads them."""
-        labels = [labels] if isinstance(labels, int | str) else list(labels)
+        n = self.model.cfg.num_classes
+        if isinstance(labels, torch.Tensor | np.ndarray):  # a tensor / array of ids, or one id
+            labels = labels.reshape(-1).tolist() if labels.ndim <= 1 else labels
+        labels = [labels] if isinstance(labels, int | str | np.integer) else list(labels)
         if not labels:
             raise ClassSpecError("class_labels is empty: give at least one class id or name")
         ids = []
         for label in labels:
-            if isinstance(label, bool) or not isinstance(label, int | str | np.integer):
+            if isinstance(label, str):
+                ids += parse_classes(label, n)
+                continue
+            if isinstance(label, torch.Tensor) and label.ndim == 0 and not label.is_floating_point():
+                label = label.item()
+            if isinstance(label, bool) or not isinstance(label, int | np.integer):
                 raise ClassSpecError(f"class label {label!r}: give a class id or an ImageNet class name")
-            ids += parse_classes(str(int(label)) if not isinstance(label, str) else label, self.model.cfg.num_classes)
+            if not 0 <= int(label) < n:
+                raise ClassSpecError(f"class id {int(label)} out of range: this model has {n} classes (ids 0-{n - 1})")
+            ids.append(int(label))
         return ids
 
     # -- progress bar (as in diffusers) ----------------------------------------------------------------
@@ -166,7 +176,10 @@ class Vit5SitPipeline:
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
         check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
         low, high = guidance_interval
-        settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
+        try:
+            settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
+        except ValueError as e:
+            raise ValueError(f"sampler / method / num_inference_steps: {e}") from None
         with self.progress_bar(len(labels)) as bar:
             x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,
                               guidance_interval=(low, high), vae=self.vae, batch_size=batch_size,
@@ -178,6 +191,8 @@ class Vit5SitPipeline:
 
     @staticmethod
     def _seeds(n: int, seed, generator: torch.Generator | None) -> list[int]:
+        if seed is not None and generator is not None:
+            raise SeedError("give seed or generator, not both: seed fixes every image's seed, generator draws them")
         if seed is not None:
             if isinstance(seed, numbers.Integral):
                 first = check_seeds(seed, n)

@@ -171,6 +171,32 @@ def test_parse_repo_spec(spec, expect):
     assert hub.parse_repo_spec(spec) == expect
 
 
+IDS = ["me/tiny-vit5", "me/x_", "_a/b", "me/-x", "me/x.", "me/a..b", "me/a--b", "me/x.git", "me/" + "a" * 96,
+       "me/" + "a" * 97, "a.b/c-d.e", "me/x y", "me/é"]
+
+
+@pytest.mark.parametrize("repo_id", IDS)
+def test_repo_id_rules_are_the_hubs(repo_id):
+    """Our check refuses exactly what huggingface_hub's own validation refuses (which raised from inside it)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+        valid = repo_id != "me/é"  # the Hub's regex takes any Unicode letter; its servers take ASCII only
+    except HFValidationError:
+        valid = False
+    assert (hub.repo_id_problem(repo_id) is None) == valid
+
+
+@pytest.mark.parametrize("repo_id", ["me/-x", "me/a..b", "me/x.git"])
+def test_invalid_repo_ids_are_one_line_before_any_download(repo_id, tmp_path):
+    with pytest.raises(ModelLoadError, match=f"{repo_id}: .*not a valid repo id: a Hub repo id"):
+        load_for_sampling(repo_id)  # was huggingface_hub's HFValidationError traceback
+    with pytest.raises(hub.HubError, match=f"--push {repo_id}: a Hub repo id"):
+        hub.push_folder(tmp_path, repo_id)
+
+
 def test_model_files_and_hub_import_one_way():
     """checks -> hub_files -> model_files -> hub: the modules that load models never import `vit5_sit.hub`
     (not even inside a function), so there is no import cycle to break at call time."""

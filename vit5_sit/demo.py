@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
     args = p.parse_args(argv)
-    from vit5_sit.hub import HubError, parse_repo_spec, push_folder
+    from vit5_sit.hub import HubError, parse_repo_spec, push_folder, repo_id_problem
 
     if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):
         print(f"error: --push {args.push}: expected a Hub repo id OWNER/NAME, e.g. me/vit5-mnist", file=sys.stderr)
+        return 2
+    if args.push is not None and (problem := repo_id_problem(args.push)) is not None:
+        print(f"error: --push {args.push}: {problem}", file=sys.stderr)  # before the export, not after it
         return 2
     method = args.method or ("euler" if args.sampler else None)  # as sample.py: a mode's own default method
     sampler = [f"sampler.{key}={value}" for key, value in

@@ -36,6 +36,7 @@ from vit5_sit.hub_files import (  # noqa: F401  (re-exported: the Hub's names in
     WEIGHTS_FILE,
     download_model,
     parse_repo_spec,
+    repo_id_problem,
     resolve_model_path,
 )
 from vit5_sit.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
@@ -194,6 +195,8 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     folder = Path(folder)
     if parse_repo_spec(repo_id) is None or "@" in repo_id:
         raise HubError(f"--push {repo_id}: expected a repo id OWNER/NAME, e.g. me/vit5-mnist")
+    if (problem := repo_id_problem(repo_id)) is not None:
+        raise HubError(f"--push {repo_id}: {problem}")
     for name in (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE):
         if not (folder / name).is_file():
             raise HubError(f"{folder}: no {name}; write the folder with save_pretrained or "

@@ -19,7 +19,22 @@ CARD_FILE = "README.md"
 METRICS_FILE = "metrics.json"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, METRICS_FILE)  # what is downloaded and uploaded
 LIBRARY_NAME = "vit5-sit"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # the shape OWNER/NAME; `repo_id_problem` has the rules
+_REPO_PART = re.compile(r"^\w(?:[\w.-]{0,94}\w)?$", re.ASCII)  # the Hub's rule for the owner and the name
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why the Hub would refuse ``repo_id`` (its own validation, checked here so that the message names the
+    fix instead of raising from inside huggingface_hub), or None when it is a valid id."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts):
+        return ("a Hub repo id is OWNER/NAME of letters, digits, '-', '_' and '.', each part at most 96 "
+                "characters, starting and ending with a letter, digit or '_'")
+    if "--" in repo_id or ".." in repo_id:
+        return "a Hub repo id cannot contain '--' or '..'"
+    if repo_id.endswith(".git"):
+        return "a Hub repo id cannot end in .git"
+    return None
 
 
 def parse_repo_spec(spec: str) -> tuple[str, str | None] | None:
@@ -66,6 +81,8 @@ def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str 
     name = repo_id + (f"@{revision}" if revision else "")
     short = f"{name}: "
     prefix = f"{not_local}: no such file or folder here; as a Hub repo id: " if not_local else short
+    if (problem := repo_id_problem(repo_id)) is not None:
+        raise ModelLoadError(f"{prefix}not a valid repo id: {problem}")
     offline = hub_offline_by_env() or not hub_reachable()  # one quick probe instead of retries
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, token=token,

@@ -18,6 +18,7 @@ import argparse
 import sys
 
 from ..checks import positive_int
+from ..interrupt import sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
 
@@ -83,41 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _check_flags(p, args)
     try:
-        from . import runner
-        from .report import write_report
-
-        spec = load_study(args.spec)
-        if args.command == "status":
-            for s in runner.status(spec, args.arms, args.seeds):
-                print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
-            return 0
-        if args.command == "run":
-            runner.check_reference_source(spec)  # before the trainings, not after them
-        if args.command in ("run", "train"):
-            results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
-                                       arms=args.arms, seeds=args.seeds)
-            failed = [f"{a}-s{s}" for a, s, rc in results if rc != 0]
-            if failed:
-                print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
-                return 1
-        if args.command in ("run", "eval", "report"):
-            failures: list[str] = []
-            if args.command != "report":
-                rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
-                                           noise=not args.no_noise, arms=args.arms, seeds=args.seeds,
-                                           steps=args.steps, failures=failures)
-            if args.command == "report" or args.arms or args.seeds or args.steps or args.no_noise:
-                # The report holds every evaluation done so far (the sampling-noise ones included), whatever
-                # part of the study this command evaluated: it is the same file, never a partial view.
-                rows = runner.evaluate_all(spec, noise=True, cached_only=True)
-            path = write_report(spec, rows, args.out)
-            print(path.read_text())
-            print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")
-            if failures:
-                print(f"error: {len(failures)} checkpoint(s) could not be evaluated ({', '.join(failures)}; see the "
-                      "warnings above); the report shows them as missing", file=sys.stderr)
-                return 1
-        return 0
+        with sigterm_as_ctrl_c():  # evaluation too (training sets its own handlers for its runs)
+            return _run(args)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -125,6 +93,44 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; run the same command again to continue (finished checkpoints and evaluations are "
               "kept)", file=sys.stderr)
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import runner
+    from .report import write_report
+
+    spec = load_study(args.spec)
+    if args.command == "status":
+        for s in runner.status(spec, args.arms, args.seeds):
+            print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
+        return 0
+    if args.command == "run":
+        runner.check_reference_source(spec)  # before the trainings, not after them
+    if args.command in ("run", "train"):
+        results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
+                                   arms=args.arms, seeds=args.seeds)
+        failed = [f"{a}-s{s}" for a, s, rc in results if rc != 0]
+        if failed:
+            print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
+            return 1
+    if args.command in ("run", "eval", "report"):
+        failures: list[str] = []
+        if args.command != "report":
+            rows = runner.evaluate_all(spec, device=args.device, progress=not args.no_progress,
+                                       noise=not args.no_noise, arms=args.arms, seeds=args.seeds,
+                                       steps=args.steps, failures=failures)
+        if args.command == "report" or args.arms or args.seeds or args.steps or args.no_noise:
+            # The report holds every evaluation done so far (the sampling-noise ones included), whatever
+            # part of the study this command evaluated: it is the same file, never a partial view.
+            rows = runner.evaluate_all(spec, noise=True, cached_only=True)
+        path = write_report(spec, rows, args.out)
+        print(path.read_text())
+        print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")
+        if failures:
+            print(f"error: {len(failures)} checkpoint(s) could not be evaluated ({', '.join(failures)}; see the "
+                  "warnings above); the report shows them as missing", file=sys.stderr)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

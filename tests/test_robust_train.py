@@ -265,3 +265,12 @@ def test_a_latent_run_whose_vae_cannot_load_is_one_line(tmp_path, capsys):
     line = _fails(argv, capsys)
     assert "data.vae=" in line and "no such folder" in line and "log.sample_every=0" in line, line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_resume_is_refused_not_taken_for_a_new_run(tmp_path, value, capsys):
+    # `--resume "$CKPT"` with CKPT unset once started a fresh run beside (or instead of) the one meant
+    with pytest.raises(SystemExit):
+        _train_cli()([*TINY, f"output_dir={tmp_path / 'runs'}", "--resume", value])
+    assert "--resume '': give auto or a checkpoint folder" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

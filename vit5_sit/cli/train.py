@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=2e-4")
     args = parser.parse_args(argv)
+    if args.resume is not None and not args.resume.strip():  # an empty $VAR: not "start afresh"
+        parser.error("--resume '': give auto or a checkpoint folder (leave the flag out to start a new run)")
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

@@ -313,3 +313,27 @@ def test_out_in_a_new_folder_is_created_and_a_failed_run_leaves_no_folder(tmp_pa
     before = _tree(tmp_path)
     _fails(sample.main, ["--ckpt", bad, "--out", tmp_path / "third" / "x.png", "--no-progress"], capsys)
     assert _tree(tmp_path) == before  # the lock's folders are removed again: nothing was written
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("vit5_sit.cli.sample", ["--save-images", ""]),          # wrote 40 PNGs into the current folder
+    ("vit5_sit.cli.sample", ["--ckpt", " "]),
+    ("vit5_sit.cli.sample", ["--out", ""]),
+    ("vit5_sit.cli.eval_fid", ["calc", "--samples", "", "--ref", "r.npz"]),
+    ("vit5_sit.cli.eval_fid", ["compare", "", "--ref", "r.npz", "--out", "o"]),
+    ("vit5_sit.cli.train", ["--config", ""]),
+    ("vit5_sit.study.__main__", ["status", ""]),
+    ("vit5_sit.data.__main__", ["mnist", ""]),
+    ("vit5_sit.demo", ["export", "runs/x", "--out", ""]),
+    ("vit5_sit.digit_classifier", ["train", "--out", ""]),
+    ("vit5_sit.repa.classifier", ["--out", ""]),
+])
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(module, argv, capsys, tmp_path, monkeypatch):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    assert e.value.code == 2
+    assert "is empty (an unset variable?); give a path" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

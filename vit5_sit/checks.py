@@ -72,6 +72,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_text(text: str) -> str:
+    """argparse type of a path (or name) flag: an empty value, typically an unset shell variable, is refused
+    instead of meaning the current folder (``--save-images ""`` wrote PNGs into it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?); give a path")
+    return text
+
+
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0 (e.g. a seed)."""
     value = int(text)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vit5_sit.checks import nonnegative_int
+from vit5_sit.checks import nonnegative_int, path_text
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train the classifier on the real digits")
-    t.add_argument("--out", default=str(CLASSIFIER), help=f"folder (default: {CLASSIFIER})")
+    t.add_argument("--out", type=path_text, default=str(CLASSIFIER), help=f"folder (default: {CLASSIFIER})")
     t.add_argument("--seed", type=nonnegative_int, default=0)
     c = sub.add_parser("check", help="per-class accuracy of a digit model's grid; other flags go to sample.py")
-    c.add_argument("--classifier", default=str(CLASSIFIER))
+    c.add_argument("--classifier", type=path_text, default=str(CLASSIFIER))
     args, rest = p.parse_known_args(argv)
     if args.cmd == "train":
         if rest:

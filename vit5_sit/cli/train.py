@@ -19,12 +19,14 @@ import argparse
 import os
 import sys
 
+from vit5_sit.checks import path_text
 from vit5_sit.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML experiment config (configs/...); defaults apply without one")
+    parser.add_argument("--config", type=path_text,
+                        help="YAML experiment config (configs/...); defaults apply without one")
     parser.add_argument("--resume", help="'auto' (newest valid checkpoint of the run, if any) or a checkpoint folder")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=2e-4")

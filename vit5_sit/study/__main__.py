@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checks import positive_int
+from ..checks import path_text, positive_int
 from ..interrupt import sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("run", "train", "eval", "report", "status"))
-    p.add_argument("spec", help="study YAML file, e.g. configs/study/mnist.yaml")
+    p.add_argument("spec", type=path_text, help="study YAML file, e.g. configs/study/mnist.yaml")
     p.add_argument("--jobs", type=positive_int, default=1, help="training runs at a time (default: 1)")
     p.add_argument("--threads", type=positive_int, default=1, help="CPU threads per training run (default: 1)")
     p.add_argument("--until", type=positive_int, default=None,
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-noise", action="store_true",
                    help="evaluate with the main sample seed only; the sampling-noise re-scoring is left for later")
     p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
-    p.add_argument("--out", default=None, help="results folder (default: the study's results_dir)")
+    p.add_argument("--out", type=path_text, default=None, help="results folder (default: the study's results_dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

@@ -102,6 +102,27 @@ def test_bad_model_is_one_line(tmp_path, capsys):
     assert err == f"error: --model: model {tmp_path / 'missing'}: no such file or folder: {tmp_path / 'missing'}"
 
 
+@pytest.mark.parametrize("port", ["0", "99999", "-1"])
+def test_a_port_out_of_range_is_refused_before_the_model_loads(port, capsys):
+    with pytest.raises(SystemExit):  # 99999 was an OverflowError traceback from the server, after loading
+        demo_app.main(["--port", port])
+    assert "argument --port: must be a port number in 1-65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("vit5_sit.cli.eval_fid", ["ref", "--data", "d", "--out", "r.npz", "--num-workers", "-1"],
+     "argument --num-workers: must be 0 or more"),  # started the Inception pass
+    ("vit5_sit.demo", ["export", "runs/x", "--cfg-scale", "nan"], "argument --cfg-scale: must be a finite number"),
+    ("vit5_sit.demo", ["export", "runs/x", "--steps", "0"], "argument --steps: must be at least 1"),
+])
+def test_other_commands_name_their_bad_numbers(module, argv, message, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(argv)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow  # a fresh interpreter importing torch
 def test_library_imports_and_app_explains_without_gradio():
     code = ("import sys; sys.modules['gradio'] = None\n"

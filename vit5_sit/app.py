@@ -175,6 +175,14 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None):
     return app
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port (a larger number was an OverflowError from inside the server)."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 1-65535, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
                         "address, so other machines can reach the page)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port, 1-65535 (default: {DEFAULT_PORT})")
     args = p.parse_args(argv)
     try:
         import gradio  # noqa: F401

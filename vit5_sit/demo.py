@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vit5_sit.checks import path_text
+from vit5_sit.checks import finite_float, path_text, positive_int
 from vit5_sit.config import ConfigError
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, resolve_checkpoint
@@ -58,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="export a run's EMA weights as a model folder")
     e.add_argument("run", type=path_text, help="run folder (newest valid checkpoint) or checkpoint folder")
     e.add_argument("--out", type=path_text, default=str(DEMO_MODEL), help=f"model folder (default: {DEMO_MODEL})")
-    e.add_argument("--cfg-scale", type=float, default=None,
+    e.add_argument("--cfg-scale", type=finite_float, default=None,
                    help="guidance scale of the model's grids in sample.py (log.sample_cfg_scale; default: the run's)")
     e.add_argument("--sampler", choices=("ode", "sde"), default=None, help="sample.py's default sampler for "
                    "this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
-    e.add_argument("--steps", type=int, default=None, help="sampler.steps (default: the run's)")
+    e.add_argument("--steps", type=positive_int, default=None, help="sampler.steps (default: the run's)")
     e.add_argument("--push", metavar="OWNER/NAME", default=None,
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")

@@ -43,6 +43,7 @@ from vit5_sit.checks import (
     UsageError,
     finite_float,
     guidance_flags,
+    nonnegative_int,
     output_file,
     output_folder,
     parse_device,
@@ -82,7 +83,7 @@ def _add_inception_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per Inception forward (default: 64)")
-    p.add_argument("--num-workers", type=int, default=0,
+    p.add_argument("--num-workers", type=nonnegative_int, default=0,
                    help="image-decoding processes for folders (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -79,6 +79,31 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
         page.close()
 
 
+GOOD = dict(classes="0,1", per_class=2, guidance=1.0, interval_low=0.0, interval_high=1.0, sampler="ode",
+            method="euler", steps=2, seed=0)
+
+
+@pytest.mark.parametrize("change, message", [
+    # the page's widgets bound these, but its API takes any value: each was an int()/float() traceback,
+    # a silent truncation (seed 1.5), or an unbounded job (steps 10**9, 1000 classes x 16)
+    (dict(seed=None), "seed None: give a whole number"),
+    (dict(seed=1.5), "seed 1.5: choose a whole number in 0-4294967295"),
+    (dict(seed=-1), "seed -1: choose a whole number"),
+    (dict(steps=10**9), "steps 1000000000: choose a whole number in 1-250"),
+    (dict(steps=float("nan")), "steps nan: choose a whole number"),
+    (dict(per_class=0), "images per class 0: choose a whole number in 1-16"),
+    (dict(interval_low=None), "guide from t None: give a number"),
+    (dict(guidance=float("inf")), "guidance scale inf: give a finite number"),
+    (dict(classes="0-9,0-9,0-9,0-9,0-9,0-9,0-9", per_class=4), "70 classes x 4 images = 280: at most 256"),
+])
+def test_generate_checks_every_value_before_sampling(model_dir, tmp_path, change, message):
+    models = demo_app.Models()
+    with pytest.raises(demo_app.DemoError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        demo_app.generate_grid(models, tmp_path, str(model_dir), **{**GOOD, **change})
+    path, info = demo_app.generate_grid(models, tmp_path, str(model_dir), **GOOD)
+    assert path.is_file() and "2 classes x 2 images" in info
+
+
 def test_localhost_unless_host_is_given(model_dir, monkeypatch, capsys):
     pytest.importorskip("gradio")
     calls = []

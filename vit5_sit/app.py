@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import sys
 import tempfile
@@ -28,6 +29,7 @@ DEFAULT_PORT = 7860          # Gradio's usual port
 DEMO = "demo"                # the model box's name for the bundled demo model
 MAX_PER_CLASS = 16
 MAX_STEPS = 250
+MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo, not a batch job
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
 METHODS = ("euler", "heun", "dopri5")  # the page's choices: the fixed-step solvers and one adaptive
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends no usage reports
@@ -83,6 +85,26 @@ def model_defaults(pipe) -> dict:
             "steps": cfg.sampler.steps, "about": about}
 
 
+def _whole(name: str, value, low: int, high: int) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DemoError(f"{name} {value!r}: give a whole number") from None
+    if not number.is_integer() or not low <= number <= high:
+        raise DemoError(f"{name} {value!r}: choose a whole number in {low}-{high}")
+    return int(number)
+
+
+def _real(name: str, value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DemoError(f"{name} {value!r}: give a number") from None
+    if not math.isfinite(number):
+        raise DemoError(f"{name} {value!r}: give a finite number")
+    return number
+
+
 def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_class: int, guidance: float,
                   interval_low: float, interval_high: float, sampler: str, method: str, steps: int,
                   seed: int) -> tuple[Path, str]:
@@ -95,12 +117,18 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
 
     pipe = models.get(model)
     n = pipe.model.cfg.num_classes
-    per_class, steps, seed = int(per_class), int(steps), int(seed)
-    if not 1 <= per_class <= MAX_PER_CLASS:
-        raise DemoError(f"images per class {per_class}: choose 1-{MAX_PER_CLASS}")
+    # The page's widgets bound these, but its API (gradio_client) passes any value: each is checked here.
+    per_class = _whole("images per class", per_class, 1, MAX_PER_CLASS)
+    steps = _whole("steps", steps, 1, MAX_STEPS)
+    seed = _whole("seed", seed, 0, 2**32 - 1)
+    guidance, interval_low, interval_high = (_real(name, v) for name, v in (
+        ("guidance scale", guidance), ("guide from t", interval_low), ("to t", interval_high)))
     try:
         ids = parse_classes(classes or "", n)
         labels = [c for c in ids for _ in range(per_class)]
+        if len(labels) > MAX_IMAGES:
+            raise DemoError(f"{len(ids)} classes x {per_class} images = {len(labels)}: at most {MAX_IMAGES} per "
+                            "grid here; use sample.py for more")
         start = time.perf_counter()
         out = pipe(class_labels=labels, guidance_scale=float(guidance), guidance_interval=(interval_low, interval_high),
                    sampler=sampler, method=method, num_inference_steps=steps, seed=seed)

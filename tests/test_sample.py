@@ -401,6 +401,8 @@ def test_guidance_needs_a_null_label(tmp_path, capsys):
     (["--num-samples", "5"], "--num-samples/--part-size: for .npz outputs"),
     (["--preset", "SiT-XL/2"], "--preset: applies to official .pt files only"),
     (["--guidance-interval", "0.8", "0.2"], "--guidance-interval 0.8 0.2"),
+    # a grid PIL would not open again, refused before hours of sampling
+    (["--classes", "0-9", "--per-class", "3000"], "--classes/--per-class: a grid of 10 x 3000 images"),
 ])
 def test_bad_inputs(model_dir, tmp_path, capsys, args, message):
     args = [a.format(tmp=tmp_path) for a in args]
@@ -412,6 +414,17 @@ def test_bad_inputs(model_dir, tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message.format(tmp=tmp_path) in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("nrow, ncol, size", [(3, 4, 8), (2, 5, 64), (1, 1, 100)])
+def test_grid_pixels_is_the_size_of_the_grid(nrow, ncol, size, tmp_path):
+    from vit5_sit.generate import grid_pixels, save_labelled_grid
+
+    images = np.zeros((nrow * ncol, size, size, 3), dtype=np.uint8)
+    path = save_labelled_grid(images, tmp_path / "g.png", ncol, [""] * nrow)
+    w, h = Image.open(path).size
+    label_w = w - (grid_pixels(nrow, ncol, size) // h)  # the image part is exactly grid_pixels; labels beside it
+    assert grid_pixels(nrow, ncol, size) % h == 0 and 0 < label_w < 40
 
 
 def test_cli_exit_code_without_traceback(tmp_path):

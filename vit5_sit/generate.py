@@ -165,6 +165,16 @@ def make_grid(images: np.ndarray, ncol: int, pad: int = 2) -> np.ndarray:
     return grid
 
 
+MAX_GRID_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS: a larger PNG is refused as a decompression bomb
+
+
+def grid_pixels(nrow: int, ncol: int, size: int) -> int:
+    """Pixels of the image part of a labelled grid of ``nrow`` x ``ncol`` images of ``size`` pixels (after
+    the GRID_MIN_CELL enlargement), known before any image is drawn."""
+    cell = size * max(1, -(-GRID_MIN_CELL // size)) + 2  # make_grid's padding
+    return (nrow * cell + 2) * (ncol * cell + 2)
+
+
 def save_labelled_grid(images: np.ndarray, path: str | Path, ncol: int, row_labels: Sequence[str],
                        scale: int | None = None) -> Path:
     """A PNG grid with a label left of each row (PIL's default font), written atomically.

@@ -268,10 +268,11 @@ def _run(args, grid: bool) -> int:
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
     classes = classes_for(args, mcfg.num_classes, grid)
+    size = loaded.input_size * loaded.factor
     if grid:
         seed_flag(args.seed, len(classes) * args.per_class)
+        check_grid_size(len(classes), args.per_class, size)
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
-    size = loaded.input_size * loaded.factor
     what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
     dist.print0(f"sampler {sampler.mode}/{sampler.method}{steps} ({sampler_source(args, loaded.cfg)}), "
                 f"cfg {args.cfg_scale:g}")
@@ -296,6 +297,16 @@ def _run(args, grid: bool) -> int:
         return interrupted(f"interrupted at step {e.done} of {e.total} of the grid (a grid is written whole, "
                            f"nothing was written); run the same command again to sample it")
     return 0
+
+
+def check_grid_size(nrow: int, ncol: int, size: int) -> None:
+    """Refuse, before sampling, a grid larger than PIL (and most viewers) will open again."""
+    from vit5_sit.generate import MAX_GRID_PIXELS, grid_pixels
+
+    pixels = grid_pixels(nrow, ncol, size)
+    if pixels > MAX_GRID_PIXELS:
+        raise UsageError(f"--classes/--per-class: a grid of {nrow} x {ncol} images of {size}px has {pixels:,} pixels, "
+                         f"more than PIL opens ({MAX_GRID_PIXELS:,}); draw fewer, or write them to --out FILE.npz")
 
 
 class GridInterrupted(Exception):

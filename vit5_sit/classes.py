@@ -96,11 +96,13 @@ def _lookup_name(name: str) -> int:
     return ids[0]
 
 
-def _class_id(digits: str, num_classes: int) -> int:
-    """The id an ASCII digit string names, checked against the model (huge numbers are not converted)."""
-    i = int(digits) if len(digits) <= 18 else None
+def check_class_id(class_id: int | str, num_classes: int) -> int:
+    """``class_id`` (an int, or a string of ASCII digits) as an int, if the model has that class; else
+    ClassSpecError. Huge digit strings are refused without being converted."""
+    text = str(class_id)
+    i = int(class_id) if len(text) <= 18 else None
     if i is None or not 0 <= i < num_classes:
-        shown = digits if len(digits) <= 18 else f"{digits[:8]}...({len(digits)} digits)"
+        shown = text if len(text) <= 18 else f"{text[:8]}...({len(text)} digits)"
         raise ClassSpecError(f"class id {shown} out of range: this model has {num_classes} classes "
                              f"(ids 0-{num_classes - 1})")
     return i
@@ -113,9 +115,9 @@ def parse_classes(spec: str, num_classes: int) -> list[int]:
         if not item:
             continue
         if item.isascii() and item.isdigit():
-            ids = [_class_id(item, num_classes)]
+            ids = [check_class_id(item, num_classes)]
         elif m := _RANGE.match(item):
-            lo, hi = (_class_id(g, num_classes) for g in m.groups())  # checked before the range is built
+            lo, hi = (check_class_id(g, num_classes) for g in m.groups())  # checked before the range is built
             if lo > hi:
                 raise ClassSpecError(f"class range {item!r}: start is after end (write {hi}-{lo})")
             ids = list(range(lo, hi + 1))

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, imagenet_name, parse_classes
+from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.generate import sample_images, sampler_settings, to_uint8
 from vit5_sit.models import Denoiser
@@ -138,9 +138,7 @@ class Vit5SitPipeline:
                 label = label.item()
             if isinstance(label, bool) or not isinstance(label, int | np.integer):
                 raise ClassSpecError(f"class label {label!r}: give a class id or an ImageNet class name")
-            if not 0 <= int(label) < n:
-                raise ClassSpecError(f"class id {int(label)} out of range: this model has {n} classes (ids 0-{n - 1})")
-            ids.append(int(label))
+            ids.append(check_class_id(int(label), n))
         return ids
 
     # -- progress bar (as in diffusers) ----------------------------------------------------------------

@@ -95,6 +95,7 @@ GOOD = dict(classes="0,1", per_class=2, guidance=1.0, interval_low=0.0, interval
     (dict(interval_low=None), "guide from t None: give a number"),
     (dict(guidance=float("inf")), "guidance scale inf: give a finite number"),
     (dict(classes="0-9,0-9,0-9,0-9,0-9,0-9,0-9", per_class=4), "70 classes x 4 images = 280: at most 256"),
+    (dict(classes=None), "no classes in ''"),
 ])
 def test_generate_checks_every_value_before_sampling(model_dir, tmp_path, change, message):
     models = demo_app.Models()

@@ -50,7 +50,7 @@ class Models:
         from vit5_sit.model_files import ModelLoadError
         from vit5_sit.pipeline import Vit5SitPipeline
 
-        name = name.strip() or DEMO
+        name = str(name or "").strip() or DEMO
         if name not in self._pipes:
             try:
                 pipe = Vit5SitPipeline.from_pretrained(None if name == DEMO else name)
@@ -124,7 +124,7 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
     guidance, interval_low, interval_high = (_real(name, v) for name, v in (
         ("guidance scale", guidance), ("guide from t", interval_low), ("to t", interval_high)))
     try:
-        ids = parse_classes(classes or "", n)
+        ids = parse_classes("" if classes is None else str(classes), n)
         labels = [c for c in ids for _ in range(per_class)]
         if len(labels) > MAX_IMAGES:
             raise DemoError(f"{len(ids)} classes x {per_class} images = {len(labels)}: at most {MAX_IMAGES} per "

@@ -240,6 +240,15 @@ def test_missing_repo_offline_fails_at_once_with_one_line(tmp_path):
     assert "HF_HUB_OFFLINE=1" in msg and "hf download me/not-cached" in msg and "local model folder" in msg
 
 
+@pytest.mark.parametrize("spec, message", [("x" * 300, "a path part of 300 bytes"),
+                                           ("me/" + "x" * 300, "a path part of 300 bytes"),
+                                           ("a/" * 2100, "4,200 bytes long")], ids=["name", "repo", "path"])
+def test_a_path_too_long_for_the_os_is_a_model_load_error(spec, message):
+    """Path.exists raised "File name too long" (OSError) out of from_pretrained and load_for_sampling."""
+    with pytest.raises(ModelLoadError, match=message):
+        hub.PretrainedModel.from_pretrained(spec)
+
+
 def test_unreachable_hub_uses_the_cache_without_retries(hf_cache, tmp_path, monkeypatch):
     """No HF_HUB_OFFLINE, but no network (the one probe fails): cached repos load, missing ones fail at once."""
     import vit5_sit.data.vae

@@ -147,3 +147,22 @@ def test_names_and_paths_that_would_put_the_run_elsewhere(override, message):
 def test_batch_must_divide_by_accumulation():
     with pytest.raises(ConfigError, match="train.global_batch_size=10 is not divisible by train.grad_accum=4"):
         load_config(None, ["train.global_batch_size=10", "train.grad_accum=4"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("name=" + "x" * 300, "name: a path part of 300 bytes"),
+    ("output_dir=" + "d/" * 2100, "output_dir: 4,200 bytes long"),
+    ("data.path=data/" + "x" * 256, "data.path: a path part of 256 bytes"),
+    ("name=" + "x" * 250, None),  # 250 bytes: a valid name; with output_dir 'runs' still under PATH_MAX
+    ("model.rope_base=" + "9" * 400, "model.rope_base=" + "9" * 60 + "... (400 characters): must be a finite"),
+    ("train.seed=" + "9" * 4000, "train.seed=" + "9" * 60 + "... (4,000 characters): must be in [0, 4294967295]"),
+], ids=["name", "output_dir", "data.path", "name-250", "float-400-digits", "int-4000-digits"])
+def test_paths_too_long_and_huge_numbers_are_named_errors(override, message):
+    """A float field given a 400-digit integer was an OverflowError traceback; a run name over 255 bytes was
+    "File name too long" from the run folder's first check; long values are echoed cut to one line."""
+    if message is None:
+        load_config(None, [override])
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value) and len(str(e.value)) < 300, str(e.value)

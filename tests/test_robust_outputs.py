@@ -337,3 +337,42 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_folder(module, argv,
     assert e.value.code == 2
     assert "is empty (an unset variable?); give a path" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+_LONG_NAME, _LONG_PATH = "x" * 300, "a/" * 2100  # over NAME_MAX (255 bytes) / over PATH_MAX (4096 bytes)
+
+
+@pytest.mark.parametrize("long, message", [(_LONG_NAME, "a path part of 300 bytes"),
+                                           (_LONG_PATH, "4,200 bytes long, more than the OS allows")],
+                         ids=["long-name", "long-path"])
+@pytest.mark.parametrize("module, argv", [
+    ("vit5_sit.cli.sample", ["--save-images", "{}"]),
+    ("vit5_sit.cli.sample", ["--ckpt", "{}"]),
+    ("vit5_sit.cli.sample", ["--out", "{}"]),
+    ("vit5_sit.cli.eval_fid", ["calc", "--samples", "{}", "--ref", "r.npz"]),
+    ("vit5_sit.cli.train", ["--config", "{}"]),
+    ("vit5_sit.cli.train", ["--resume", "{}"]),
+    ("vit5_sit.app", ["--model", "{}"]),
+    ("vit5_sit.study.__main__", ["status", "{}"]),
+    ("vit5_sit.demo", ["export", "{}"]),
+])
+def test_a_path_too_long_for_the_os_is_a_usage_error(module, argv, long, message, capsys, tmp_path, monkeypatch):
+    """The OS answers such a path with "File name too long" at the first look (Path.exists raises it): that
+    was a traceback from train.py --resume, the app's --model and any path in a config."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main([a.format(long) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err) < 1000, err  # the value is shortened, not echoed in full
+    assert not list(tmp_path.iterdir())
+
+
+def test_shown_cuts_long_values_and_huge_integers():
+    from vit5_sit.checks import shown
+
+    assert shown("abc") == "abc" and shown("abc", quote=True) == "'abc'"
+    assert shown("9" * 4000) == "9" * 60 + "... (4,000 characters)"
+    assert shown(10 ** 5000).startswith("<an integer of about 5,000 digits")  # str() itself refuses it

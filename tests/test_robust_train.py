@@ -164,6 +164,9 @@ def test_resume_may_change_the_schedule(tmp_path, capsys):
     # the grid's 2 x 2 images have seeds sample_seed .. sample_seed + 3, all below 2**32 (found at the first grid)
     ("two_classes", ["log.sample_every=2", "log.sample_classes=[0,1]", "log.sample_per_class=2",
                      "log.sample_seed=4294967294"], "log.sample_seed=4294967294: sample seeds must lie"),
+    # a grid larger than PIL opens would be drawn (and fail) only at the first grid, after the training work
+    ("two_classes", ["log.sample_every=2", "log.sample_classes=[0,1]", "log.sample_per_class=100000"],
+     "log.sample_classes/log.sample_per_class: a grid of 2 x 100000 images"),
     ("unreadable", [], "none of the 3 images"),
     ("no_images", [], "no images found"),
 ])

@@ -24,6 +24,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from vit5_sit.checks import path_text
+
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
 DEFAULT_PORT = 7860          # Gradio's usual port
 DEMO = "demo"                # the model box's name for the bundled demo model
@@ -214,8 +216,8 @@ def _port(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--model", default=DEMO, help="'demo' (default), a run / checkpoint / model folder or a "
-                                                 "Hub repo id OWNER/NAME[@REVISION]")
+    p.add_argument("--model", type=path_text, default=DEMO,
+                   help="'demo' (default), a run / checkpoint / model folder or a Hub repo id OWNER/NAME[@REVISION]")
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
                         "address, so other machines can reach the page)")

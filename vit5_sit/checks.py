@@ -72,11 +72,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+NAME_MAX = 255    # bytes in one path component (Linux, macOS; Windows counts 255 characters)
+PATH_MAX = 4096   # bytes in a whole path (Linux)
+
+
+def path_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a path on this system, or None: a name longer than NAME_MAX bytes or a path
+    longer than PATH_MAX, which the OS refuses ("File name too long") at the first look, as a traceback."""
+    encoded = os.fsencode(text)
+    if len(encoded) > PATH_MAX:
+        return f"{len(encoded):,} bytes long, more than the OS allows for a path ({PATH_MAX:,}); give a shorter path"
+    for part in Path(text).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            return (f"a path part of {size:,} bytes ({shown(part, 40)}), more than the OS allows for one file or "
+                    f"folder name ({NAME_MAX}); give a shorter name")
+    return None
+
+
 def path_text(text: str) -> str:
     """argparse type of a path (or name) flag: an empty value, typically an unset shell variable, is refused
-    instead of meaning the current folder (``--save-images ""`` wrote PNGs into it)."""
+    instead of meaning the current folder (``--save-images ""`` wrote PNGs into it), and so is a name too long
+    for the OS."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (an unset variable?); give a path")
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -199,6 +221,16 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def shown(value: object, limit: int = 80, quote: bool = False) -> str:
+    """A value as an error message echoes it: ``repr`` (``quote``) or ``str``, cut to ``limit`` characters with
+    the full length named (a 5,000-digit number or a 2,000-entry list stays one readable line)."""
+    try:
+        text = repr(value) if quote else str(value)
+    except ValueError:  # an int beyond Python's 4,300-digit str limit
+        return f"<an integer of about {value.bit_length() * 0.30103:,.0f} digits>"
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
 
 
 def first_line(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from vit5_sit.checks import path_problem, shown
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
 from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
@@ -178,7 +179,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=2e-4")
+            raise ConfigError(f"override {shown(item, quote=True)}: expected key=value, e.g. train.lr=2e-4")
         _set_dotted(raw, key.strip(), value.strip())
     return from_dict(raw)
 
@@ -232,7 +233,8 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a section (mapping), got {raw!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a section (mapping), "
+                          f"got {shown(raw, quote=True)}")
     if cls is ModelSection:
         return _build_model(raw, prefix)
     hints = typing.get_type_hints(cls)
@@ -309,12 +311,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 return _coerce(key, value, arg)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}={value!r}: bad value")
+        raise ConfigError(errors[0] if errors else f"{key}={shown(value, quote=True)}: bad value")
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [_parse_scalar(v.strip()) for v in value.strip("[]()").split(",") if v.strip()]
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[0,1,2]")
+            raise ConfigError(f"{key}={shown(value, quote=True)}: expected a list, e.g. {key}=[0,1,2]")
         item = args[0] if args else Any
         out = [_coerce(key, v, item) for v in value]
         return tuple(out) if origin is tuple else out
@@ -323,35 +325,38 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}={value!r}: expected true or false")
+        raise ConfigError(f"{key}={shown(value, quote=True)}: expected true or false")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}={value!r}: expected an integer")
+        raise ConfigError(f"{key}={shown(value, quote=True)}: expected an integer")
     if hint is float:
         number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond any float
+                raise ConfigError(f"{key}={shown(value)}: must be a finite number") from None
         elif isinstance(value, str):
             try:
                 number = float(value)
             except ValueError:
                 pass
         if number is None:
-            raise ConfigError(f"{key}={value!r}: expected a number")
+            raise ConfigError(f"{key}={shown(value, quote=True)}: expected a number")
         if not math.isfinite(number):
-            raise ConfigError(f"{key}={value}: must be a finite number")
+            raise ConfigError(f"{key}={shown(value)}: must be a finite number")
         return number
     if hint is str:
         if isinstance(value, str):
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}={value!r}: expected a string")
+        raise ConfigError(f"{key}={shown(value, quote=True)}: expected a string")
     if isinstance(hint, type) and not isinstance(value, hint):
-        raise ConfigError(f"{key}={value!r}: expected {hint.__name__}")
+        raise ConfigError(f"{key}={shown(value, quote=True)}: expected {hint.__name__}")
     return value
 
 
@@ -371,14 +376,14 @@ class Range:
         if value is None or isinstance(value, bool):
             return
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value}: must be a finite number")
+            raise ConfigError(f"{key}={shown(value)}: must be a finite number")
         low_bad = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
         high_bad = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
         if low_bad or high_bad:
             why = f" ({self.why})" if self.why else ""
             what = "a positive integer" if isinstance(value, int) and (self.lo, self.hi) == (1, None) else \
                 self.describe()
-            raise ConfigError(f"{key}={value}: must be {what}{why}")
+            raise ConfigError(f"{key}={shown(value)}: must be {what}{why}")
 
     def describe(self) -> str:
         lo, hi = _number(self.lo), _number(self.hi)
@@ -484,10 +489,17 @@ def _check_consistency(cfg: ExperimentConfig) -> None:
         if not value.strip():
             fix = "name=my-run" if key == "name" else "output_dir=. for the current folder"
             raise ConfigError(f"{key} is empty: the run folder would be the parent folder itself; set {fix}")
+    for key, value in (("name", cfg.name), ("output_dir", cfg.output_dir), ("data.path", cfg.data.path),
+                       ("data.vae", cfg.data.vae), ("repa.encoder", cfg.repa.encoder),
+                       ("repa.encoder_weights", cfg.repa.encoder_weights),
+                       ("output_dir/name", str(Path(cfg.output_dir) / cfg.name))):
+        problem = path_problem(value)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
     name = Path(cfg.name)
     if name.is_absolute() or any(part in ("..", ".") for part in Path(cfg.name).parts) or cfg.name in (".", ".."):
-        raise ConfigError(f"name={cfg.name!r}: must be a folder name under output_dir (no '..', '.' or "
-                          "absolute path); put the location in output_dir=...")
+        raise ConfigError(f"name={shown(cfg.name, quote=True)}: must be a folder name under output_dir (no '..', "
+                          "'.' or absolute path); put the location in output_dir=...")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

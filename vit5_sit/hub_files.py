@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vit5_sit.checks import ModelLoadError
+from vit5_sit.checks import ModelLoadError, path_problem, shown
 
 CONFIG_FILE = "config.yaml"
 WEIGHTS_FILE = "ema.safetensors"
@@ -50,6 +50,9 @@ def parse_repo_spec(spec: str) -> tuple[str, str | None] | None:
 def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
                        token: str | None = None) -> Path:
     """A local path as it is; a Hub repo id (not an existing path) -> its snapshot folder in the cache."""
+    problem = path_problem(str(spec))
+    if problem:
+        raise ModelLoadError(f"{shown(str(spec))}: {problem}")
     path = Path(spec)
     if path.exists():
         return path

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from vit5_sit.checks import path_text
+from vit5_sit.checks import path_problem, path_text
 from vit5_sit.config import ConfigError, load_config
 
 
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.resume is not None and not args.resume.strip():  # an empty $VAR: not "start afresh"
         parser.error("--resume '': give auto or a checkpoint folder (leave the flag out to start a new run)")
+    if args.resume is not None and (problem := path_problem(args.resume)):
+        parser.error(f"--resume: {problem}")
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

@@ -81,6 +81,15 @@ def check_grid(cfg: ExperimentConfig) -> None:
                         "log.sample_seed")
         except SeedError as e:
             raise PreflightError(str(e)) from None
+        from vit5_sit.generate import MAX_GRID_PIXELS, grid_pixels
+
+        rows, cols = len(cfg.log.sample_classes), cfg.log.sample_per_class
+        pixels = grid_pixels(rows, cols, cfg.data.resolution)
+        if pixels > MAX_GRID_PIXELS:
+            raise PreflightError(f"log.sample_classes/log.sample_per_class: a grid of {rows} x {cols} images of "
+                                 f"{cfg.data.resolution}px has {pixels:,} pixels, more than PIL opens "
+                                 f"({MAX_GRID_PIXELS:,}); lower log.sample_per_class, or log.sample_every=0 "
+                                 "for no grids")
 
 
 def check_run_folder(cfg: ExperimentConfig, log=print) -> None:

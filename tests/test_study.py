@@ -138,6 +138,12 @@ def _write_spec(tmp_path: Path, body: dict) -> Path:
     ({"name": ["x"]}, "name: expected a non-empty string"),
     ({"output_dir": 3}, "output_dir: expected a non-empty string, got 3"),
     ({"arms": [{"name": "a", "config": "CFG", "label": {"x": 1}}]}, "arms[0].label: expected a short text"),
+    # paths too long for the OS ("File name too long" from Path.is_file, or when the run folder is made)
+    ({"arms": [{"name": "a", "config": "c/" * 2100}]}, "arms[0].config: 4,200 bytes long"),
+    ({"arms": [{"name": "a" * 254, "config": "CFG"}]}, "arms[0].name: the run folder <name>-s<seed> is a path part"),
+    ({"results_dir": "r" * 256}, "results_dir: a path part of 256 bytes"),
+    ({"output_dir": " "}, "output_dir: expected a non-empty string, got ' '"),
+    ({"eval": {"reference_data": "d" * 300}}, "eval.reference_data: a path part of 300 bytes"),
     # ... and each arm's config with its overrides, and that every evaluated checkpoint is saved and kept
     ({"arms": [{"name": "a", "config": "CFG", "overrides": ["model.ropee=false"]}]},
      "arms[0] (a): unknown config key 'model.ropee'. Did you mean model.rope?"),

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from vit5_sit.checks import path_problem, shown
+
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -148,6 +150,8 @@ def _eval_spec(raw: dict) -> EvalSpec:
     for key in ("mode", "method", "reference_data"):
         if key in values and not isinstance(values[key], str):
             raise StudyError(f"eval.{key}: expected a string, got {values[key]!r}")
+    if "reference_data" in values and (problem := path_problem(values["reference_data"])):
+        raise StudyError(f"eval.reference_data: {problem}")
     spec = EvalSpec(**values)
     from vit5_sit.eval.evaluation import EvalError, parse_metrics
     from vit5_sit.transport import SamplerConfig
@@ -237,7 +241,11 @@ def load_study(path: str | Path) -> StudySpec:
         if name in names:
             raise StudyError(f"{key}.name: arm {name!r} is listed twice")
         names.add(name)
+        if problem := path_problem(f"{name}-s0"):
+            raise StudyError(f"{key}.name: the run folder <name>-s<seed> is {problem}")
         config = a.get("config")
+        if isinstance(config, str) and (problem := path_problem(config)):
+            raise StudyError(f"{key}.config: {problem}")
         if not isinstance(config, str) or not Path(config).is_file():
             where = "" if not isinstance(config, str) or Path(config).is_absolute() else (
                 f" (relative paths are read from the current folder, {Path.cwd()}: run the study from the "
@@ -254,8 +262,10 @@ def load_study(path: str | Path) -> StudySpec:
     texts = {}
     for key, default in (("name", path.stem), ("output_dir", "runs/study"), ("results_dir", "docs/study")):
         texts[key] = raw.get(key, default)
-        if not isinstance(texts[key], str) or not texts[key]:
-            raise StudyError(f"{key}: expected a non-empty string, got {texts[key]!r}")
+        if not isinstance(texts[key], str) or not texts[key].strip():
+            raise StudyError(f"{key}: expected a non-empty string, got {shown(texts[key], quote=True)}")
+        if key != "name" and (problem := path_problem(texts[key])):
+            raise StudyError(f"{key}: {problem}")
     spec = StudySpec(
         **texts, steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
         decision=_decision_spec(raw.get("decision"), names),

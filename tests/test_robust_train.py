@@ -277,3 +277,13 @@ def test_an_empty_resume_is_refused_not_taken_for_a_new_run(tmp_path, value, cap
         _train_cli()([*TINY, f"output_dir={tmp_path / 'runs'}", "--resume", value])
     assert "--resume '': give auto or a checkpoint folder" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("world", ["abc", "0", "-2", " ", "٣"])
+def test_a_bad_world_size_in_the_environment_is_named(tmp_path, capsys, monkeypatch, world):
+    """WORLD_SIZE=abc was 'error: invalid literal for int() with base 10' with no hint of where it came from."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    before = _tree(tmp_path)
+    line = _fails(_overrides(tmp_path / "runs", tmp_path / "data"), capsys)
+    assert f"WORLD_SIZE={world.strip()!r} in the environment" in line
+    assert _tree(tmp_path) == before

@@ -47,13 +47,18 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not world.isdecimal() or not world.isascii() or int(world) < 1:
+        print(f"error: WORLD_SIZE={world!r} in the environment: expected the number of processes (>= 1), as "
+              "accelerate launch and torchrun set it; unset it for one process", file=sys.stderr)
+        return 2
     from vit5_sit.interrupt import EXIT_CODE, Interrupted, deferred_sigint
     from vit5_sit.train.checkpoint import CheckpointError
     from vit5_sit.train.loop import TrainingError, train
 
     try:
         # One process: Ctrl-C stops after the current step and saves a checkpoint (see vit5_sit.interrupt).
-        with deferred_sigint(enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1):
+        with deferred_sigint(enabled=int(world) == 1):
             run_dir = train(cfg, resume=args.resume)
     except (TrainingError, ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

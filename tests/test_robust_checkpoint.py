@@ -165,14 +165,15 @@ def test_stale_temp_folders_of_dead_writers_are_cleaned_live_ones_kept(tmp_path)
 
 
 def test_a_failed_write_leaves_no_partial_folder(tmp_path, monkeypatch):
-    import vit5_sit.train.checkpoint as ck
-
     _save(tmp_path, 2)
 
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+    import safetensors.torch
+    from safetensors import SafetensorError
 
-    monkeypatch.setattr(ck, "save_file", disk_full)
+    def disk_full(*args, **kwargs):  # what safetensors raises on a full disk (not an OSError)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
     with pytest.raises(CheckpointError) as e:
         _save(tmp_path, 4)
     msg = str(e.value)

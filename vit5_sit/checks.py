@@ -178,9 +178,13 @@ class OutputLock:
                 raise UsageError(f"{self.flag} {self.out}: another run (process {holder}) is writing it; wait "
                                  f"for it to finish or choose another {self.flag} (if none is running, delete "
                                  f"{self.path})") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(me + "\n")
             self.held = True
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(me + "\n")
+            except OSError as e:  # a full disk: an empty lock would read as held by "unknown" forever
+                self.release()
+                raise OSError(e.errno, e.strerror, str(self.path)) from None
             return self
         raise UsageError(f"{self.flag} {self.out}: could not take the lock {self.path}")
 
@@ -231,6 +235,32 @@ def shown(value: object, limit: int = 80, quote: bool = False) -> str:
     except ValueError:  # an int beyond Python's 4,300-digit str limit
         return f"<an integer of about {value.bit_length() * 0.30103:,.0f} digits>"
     return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """The one line for a write that the storage refused (a full disk or quota, a read-only or failing
+    filesystem), or None for any other error: ``could not write PATH: No space left on device (1.2 MiB free
+    there); free space or choose another location``."""
+    import errno
+
+    codes = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+    if not isinstance(exc, OSError) or exc.errno not in codes:
+        return None
+    path = Path(exc.filename) if exc.filename else None
+    where, free = "", ""
+    if path is not None:
+        where = f" {path}"
+        folder = path if path.is_dir() else path.parent
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        try:
+            import shutil
+
+            free = f" ({shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there)"
+        except OSError:
+            pass
+    return (f"could not write{where}: {exc.strerror or os.strerror(exc.errno)}{free}; free space or choose "
+            "another location")
 
 
 def first_line(exc: BaseException) -> str:

@@ -85,7 +85,7 @@ def _shift(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = EPOCHS) -> dict:
     """Train on the 4,500 training digits; write ``out/model.safetensors`` (fp16) and ``out/info.json``."""
-    from safetensors.torch import save_file
+    from vit5_sit.utils import save_safetensors
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -110,7 +110,7 @@ def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write_file(out / "model.safetensors") as tmp:  # never a half-written model
-        save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, str(tmp))
+        save_safetensors({k: v.half().contiguous() for k, v in model.state_dict().items()}, tmp)
     info = {"seed": seed, "epochs": epochs, "train_images": len(train_idx), "held_out_images": len(held_idx),
             "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.digit_classifier train"}
     atomic_write_text(out / "info.json", json.dumps(info, indent=1) + "\n")

@@ -68,8 +68,28 @@ def atomic_write_file(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:  # f.write's error names no file
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+        raise
+
+
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, with its I/O failures (a full disk, a read-only folder) raised as the
+    OSError they are (safetensors raises its own SafetensorError, which no ``except OSError`` sees)."""
+    import errno
+
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        text = str(e)
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EIO):
+            if f"os error {code})" in text:
+                raise OSError(code, os.strerror(code), str(path)) from e
         raise
 
 

@@ -66,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(e, file=sys.stderr)
         return EXIT_CODE
+    except OSError as e:  # a full disk or a read-only folder outside a checkpoint (a grid, the tracker's log)
+        from vit5_sit.checks import storage_error
+
+        line = storage_error(e)
+        if line is None:
+            raise
+        print(f"error: {line}; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept: run the "
+              "same command with --resume auto to continue", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept; run the "
               "same command with --resume auto to continue", file=sys.stderr)

@@ -33,9 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, stale_temp_files
+from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, save_safetensors, stale_temp_files
 
 from .images import ImageFolderDataset, item_generator
 from .vae import DEFAULT_VAE, encode_moments, latent_scaling, load_vae, sample_latents
@@ -199,7 +198,7 @@ def _encode_shard(images, vae, indices, tmp, batch_size, num_workers, scale, shi
     info = dict(first=indices.start, stop=indices.stop, count=len(tensors["labels"]), skipped=skipped,
                 fingerprint=fingerprint)
     tensors = {name: t.contiguous() for name, t in tensors.items()}  # conv outputs may be channels-last
-    save_file(tensors, str(tmp), metadata={"info": json.dumps(info, sort_keys=True)})  # one key: stable bytes
+    save_safetensors(tensors, tmp, metadata={"info": json.dumps(info, sort_keys=True)})  # one key: stable bytes
 
 
 def _write_meta(out: Path, settings: dict, images: ImageFolderDataset, infos: list[dict]) -> dict:

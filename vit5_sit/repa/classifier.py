@@ -76,7 +76,7 @@ class ClassifierEncoder(nn.Module):
 
 
 def save_classifier(model: Classifier, path: str | Path, **info) -> Path:
-    from safetensors.torch import save_file
+    from vit5_sit.utils import save_safetensors
 
     meta = {"format": FORMAT, "model_config": json.dumps(dataclasses.asdict(model.trunk.cfg)),
             "num_classes": str(model.num_classes), "channels": str(model.channels),
@@ -84,7 +84,7 @@ def save_classifier(model: Classifier, path: str | Path, **info) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp), metadata=meta)
+    save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}, tmp, metadata=meta)
     tmp.replace(path)
     return path
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from vit5_sit.checks import first_line, process_alive
-from vit5_sit.utils import atomic_write_text, file_digest
+from vit5_sit.utils import atomic_write_text, file_digest, save_safetensors
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
 PREFIX = "step_"
@@ -69,11 +69,11 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        save_file(_plain(model_state), str(tmp / "model.safetensors"))
-        save_file(_plain(ema_state), str(tmp / "ema.safetensors"))
+        save_safetensors(_plain(model_state), tmp / "model.safetensors")
+        save_safetensors(_plain(ema_state), tmp / "ema.safetensors")
         torch.save({**state, "step": step}, tmp / "state.pt")
         for name, tensors in (extra or {}).items():
-            save_file(_plain(tensors), str(tmp / name))
+            save_safetensors(_plain(tensors), tmp / name)
         files = {}
         for name in (*CHECKPOINT_FILES, *(extra or {})):
             _fsync(tmp / name)

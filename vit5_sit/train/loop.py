@@ -162,13 +162,15 @@ def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path
     if cfg.log.sample_every and cfg.log.sample_at_start and state.step == 0:
         _sample_grid(launch, state)
     state.net.train()
-    while state.step < tc.max_steps:
-        result = _train_step(launch, state, data_iter)
-        _guard(launch, state, result)
-        bar.update(1)
-        meter.add(tc.global_batch_size)
-        _periodic(launch, state, result, bar, meter)
-    bar.close()
+    try:
+        while state.step < tc.max_steps:
+            result = _train_step(launch, state, data_iter)
+            _guard(launch, state, result)
+            bar.update(1)
+            meter.add(tc.global_batch_size)
+            _periodic(launch, state, result, bar, meter)
+    finally:  # also on an error: its message then starts a line of its own, after the bar
+        bar.close()
     preflight.report_skipped(dataset, log=launch.log)
     launch.accelerator.end_training()
     return run_dir

@@ -259,6 +259,8 @@ def storage_error(exc: BaseException) -> str | None:
             free = f" ({shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there)"
         except OSError:
             pass
+    if exc.errno in (errno.EROFS, errno.EIO):  # no space to free: the filesystem itself refuses
+        return f"could not write{where}: {exc.strerror or os.strerror(exc.errno)}; choose another location"
     return (f"could not write{where}: {exc.strerror or os.strerror(exc.errno)}{free}; free space or choose "
             "another location")
 

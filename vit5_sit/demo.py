@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vit5_sit.checks import finite_float, path_text, positive_int
+from vit5_sit.checks import UsageError, finite_float, output_folder, path_text, positive_int
 from vit5_sit.config import ConfigError
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, resolve_checkpoint
@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.push is not None and (problem := repo_id_problem(args.push)) is not None:
         print(f"error: --push {args.push}: {problem}", file=sys.stderr)  # before the export, not after it
+        return 2
+    try:
+        output_folder(args.out, "--out")  # a file there, a read-only folder: said before loading the run
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     method = args.method or ("euler" if args.sampler else None)  # as sample.py: a mode's own default method
     sampler = [f"sampler.{key}={value}" for key, value in

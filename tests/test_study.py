@@ -400,3 +400,19 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     spec = load_study(spec_path)
     assert runner.train_all(spec, poll_s=0.2, log=lambda *_: None) == [("a", 0, 0)]  # continued to the end
     assert [c.step for c in list_checkpoints(tmp_path / "runs" / "a-s0")][-1] == steps
+
+
+@pytest.mark.parametrize("command", ["report", "eval", "train"])
+def test_where_the_study_writes_is_checked_before_any_work(tmp_path, capsys, command):
+    """A results_dir (or output_dir) that cannot be written failed only when the report was written, after
+    the evaluations; now the command stops at once."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY_CONFIG)
+    (tmp_path / "afile").write_text("x")
+    key = "output_dir" if command == "train" else "results_dir"
+    path = _write_spec(tmp_path, {"name": "t", "steps": [100], "seeds": [0], key: str(tmp_path / "afile" / "x"),
+                                  "arms": [{"name": "a", "config": str(cfg)}]})
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {key} {tmp_path / 'afile' / 'x'}: {tmp_path / 'afile'} is a file, not a folder; "
+                   "choose another location"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checks import path_text, positive_int
+from ..checks import UsageError, path_text, positive_int, storage_error, writable_folder
 from ..interrupt import sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
@@ -93,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; run the same command again to continue (finished checkpoints and evaluations are "
               "kept)", file=sys.stderr)
         return 130
+    except OSError as e:  # a full disk, a read-only folder
+        line = storage_error(e)
+        if line is None:
+            raise
+        print(f"error: {line}; finished checkpoints and evaluations are kept: run the same command again",
+              file=sys.stderr)
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -106,6 +113,14 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "run":
         runner.check_reference_source(spec)  # before the trainings, not after them
+    try:  # where the command writes, before hours of training or minutes of evaluation
+        if args.command in ("run", "train", "eval"):
+            writable_folder(spec.output_dir, f"output_dir {spec.output_dir}")
+        if args.command in ("run", "eval", "report"):
+            out = args.out or spec.results_dir
+            writable_folder(out, f"{'--out' if args.out else 'results_dir'} {out}")
+    except UsageError as e:
+        raise StudyError(str(e)) from None
     if args.command in ("run", "train"):
         results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
                                    arms=args.arms, seeds=args.seeds)

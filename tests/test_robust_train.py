@@ -287,3 +287,15 @@ def test_a_bad_world_size_in_the_environment_is_named(tmp_path, capsys, monkeypa
     line = _fails(_overrides(tmp_path / "runs", tmp_path / "data"), capsys)
     assert f"WORLD_SIZE={world.strip()!r} in the environment" in line
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_digits_exported_onto_a_file_are_refused_before_any_image(tmp_path, capsys, where):
+    """data.kind=mnist with data.path a file (or under one) was a NotADirectoryError traceback."""
+    (tmp_path / "afile").write_text("not a folder")
+    path = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "digits"
+    before = _tree(tmp_path)
+    line = _fails([*_overrides(tmp_path / "runs", path), "data.kind=mnist", "data.channels=1",
+                   "model.in_channels=1", "model.num_classes=10"], capsys)
+    assert line.startswith(f"error: data folder {path}: ") and "is a file, not a folder" in line, line
+    assert _tree(tmp_path) == before

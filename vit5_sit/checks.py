@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import socket
+import sys
 from pathlib import Path
 
 
@@ -263,6 +264,16 @@ def storage_error(exc: BaseException) -> str | None:
         return f"could not write{where}: {exc.strerror or os.strerror(exc.errno)}; choose another location"
     return (f"could not write{where}: {exc.strerror or os.strerror(exc.errno)}{free}; free space or choose "
             "another location")
+
+
+def storage_failure(exc: OSError, kept: str) -> int:
+    """A command's answer to a write the storage refused: prints ``error: <storage_error line>; <kept>`` (what
+    was kept and how to continue) and returns exit code 1; any other OSError is raised again."""
+    line = storage_error(exc)
+    if line is None:
+        raise exc
+    print(f"error: {line}; {kept}", file=sys.stderr, flush=True)
+    return 1
 
 
 def first_line(exc: BaseException) -> str:

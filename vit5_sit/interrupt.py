@@ -96,7 +96,7 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
 def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorator for a command's ``main``: Ctrl-C or SIGTERM prints ``message`` (one line: what was kept and
     how to continue) and returns EXIT_CODE, instead of a traceback; a write the storage refuses (a full disk,
-    `vit5_sit.checks.storage_error`) prints ``error: ...`` with the same account of what was kept, exit 1.
+    `vit5_sit.checks.storage_failure`) prints ``error: ...`` with the same account of what was kept, exit 1.
     The command's files are written atomically, so whatever it was writing is either whole or absent."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
@@ -108,12 +108,8 @@ def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., 
                 print(message, file=sys.stderr, flush=True)
                 return EXIT_CODE
             except OSError as e:  # a full disk, a read-only folder: one line, and what was kept
-                from vit5_sit.checks import storage_error
+                from vit5_sit.checks import storage_failure
 
-                line = storage_error(e)
-                if line is None:
-                    raise
-                print(f"error: {line}; {message.removeprefix('interrupted: ')}", file=sys.stderr, flush=True)
-                return 1
+                return storage_failure(e, message.removeprefix("interrupted: "))
         return run
     return wrap

@@ -44,7 +44,7 @@ from vit5_sit.checks import (
     path_text,
     positive_int,
     seed_flag,
-    storage_error,
+    storage_failure,
 )
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 
@@ -386,13 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only folder
-        line = storage_error(e)
-        if line is None:
-            raise
-        kept = ("a grid is written whole: nothing was written" if Path(args.out).suffix.lower() == ".png" else
-                f"every finished part is kept in {args.out}.parts: run the same command again to continue")
-        print(f"error: {line}; {kept}", file=sys.stderr, flush=True)
-        return 1
+        return storage_failure(e, "a grid is written whole: nothing was written"
+                               if Path(args.out).suffix.lower() == ".png" else
+                               f"every finished part is kept in {args.out}.parts: run the same command again to "
+                               "continue")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from vit5_sit.checks import path_problem, path_text
+from vit5_sit.checks import path_problem, path_text, storage_failure
 from vit5_sit.config import ConfigError, load_config
 
 
@@ -67,14 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return EXIT_CODE
     except OSError as e:  # a full disk or a read-only folder outside a checkpoint (a grid, the tracker's log)
-        from vit5_sit.checks import storage_error
-
-        line = storage_error(e)
-        if line is None:
-            raise
-        print(f"error: {line}; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept: run the "
-              "same command with --resume auto to continue", file=sys.stderr)
-        return 1
+        return storage_failure(e, f"the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept: "
+                                  "run the same command with --resume auto to continue")
     except KeyboardInterrupt:
         print(f"\ninterrupted; the newest checkpoint in {cfg.run_dir / 'checkpoints'} (if any) is kept; run the "
               "same command with --resume auto to continue", file=sys.stderr)

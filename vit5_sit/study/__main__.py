@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checks import UsageError, path_text, positive_int, storage_error, writable_folder
+from ..checks import UsageError, path_text, positive_int, storage_failure, writable_folder
 from ..interrupt import sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
@@ -94,12 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               "kept)", file=sys.stderr)
         return 130
     except OSError as e:  # a full disk, a read-only folder
-        line = storage_error(e)
-        if line is None:
-            raise
-        print(f"error: {line}; finished checkpoints and evaluations are kept: run the same command again",
-              file=sys.stderr)
-        return 1
+        return storage_failure(e, "finished checkpoints and evaluations are kept: run the same command again")
 
 
 def _run(args: argparse.Namespace) -> int:

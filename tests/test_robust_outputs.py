@@ -376,3 +376,17 @@ def test_shown_cuts_long_values_and_huge_integers():
     assert shown("abc") == "abc" and shown("abc", quote=True) == "'abc'"
     assert shown("9" * 4000) == "9" * 60 + "... (4,000 characters)"
     assert shown(10 ** 5000).startswith("<an integer of about 5,000 digits")  # str() itself refuses it
+
+
+def test_a_pipe_or_device_as_an_input_is_refused_not_read(tmp_path, capsys):
+    """A FIFO as --samples or --ckpt blocked forever at the first read; /dev/null as --ckpt was called a
+    folder with its own config.yaml."""
+    from vit5_sit.cli import eval_fid
+
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    assert eval_fid.main(["calc", "--samples", str(fifo), "--ref", str(fifo)]) == 2
+    assert f"--samples: {fifo} is neither a file nor a folder (a device or a pipe)" in capsys.readouterr().err
+    for ckpt in (str(fifo), "/dev/null"):
+        assert sample.main(["--ckpt", ckpt, "--out", str(tmp_path / "g.png")]) == 2
+        assert f"--ckpt: {ckpt} is neither a file nor a folder" in capsys.readouterr().err

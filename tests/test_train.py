@@ -296,7 +296,9 @@ def test_nonfinite_steps_are_skipped_then_stop_with_advice(tmp_path, monkeypatch
 @pytest.mark.parametrize("args, message", [
     (["train.lrr=1"], "Did you mean train.lr"),
     (["train.global_batch_size=-4"], "must be a positive integer"),
-    (["--config", "configs/nope.yaml"], "config file not found"),
+    (["--config", "configs/nope.yaml"], "config file configs/nope.yaml: not found; give a YAML file"),
+    (["--config", "configs"], "config file configs: is a folder"),
+    (["--config", "/dev/null"], "config file /dev/null: is not a regular file"),
 ])
 def test_cli_errors_are_one_clear_line(args, message):
     res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=_env(), capture_output=True,

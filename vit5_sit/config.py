@@ -163,7 +163,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+            raise ConfigError(f"config file {path}: {what}; give a YAML file (configs/...)")
         try:
             raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
         except ConfigError as e:

@@ -127,6 +127,9 @@ def load_model(args) -> Loaded:
             raise UsageError(f"--ckpt: {e}") from None
         if not path.exists():
             raise UsageError(f"--ckpt: no such file or folder: {path}")
+        if not path.is_file() and not path.is_dir():
+            raise UsageError(f"--ckpt: {path} is neither a file nor a folder (a device or a pipe); give an "
+                             "official .pt file or one of our folders")
     official = path.is_file()
     if args.preset is not None and not official:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")

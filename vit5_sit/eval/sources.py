@@ -182,6 +182,8 @@ def _existing_path(source) -> Path:
     path = Path(source).expanduser()
     if not path.exists():
         raise EvalError(f"file not found: {path}")
+    if not path.is_file() and not path.is_dir():  # a FIFO would block the first read forever
+        raise EvalError(f"{path} is neither a file nor a folder (a device or a pipe); give an .npz or a folder")
     return path
 
 

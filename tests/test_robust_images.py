@@ -124,3 +124,22 @@ def test_eval_folder_with_nothing_readable(tmp_path):
     (tmp_path / "a.png").write_bytes(b"nope")
     with pytest.raises(EvalError, match="none of the 1 images"):
         list(FolderImages(tmp_path).iter_batches(4))
+
+
+def test_a_link_loop_and_a_fifo_in_an_image_folder(tmp_path):
+    """A folder link back up the tree listed every image again at each level (until the OS gave up on the
+    path, ~40 levels); a FIFO named like an image blocked its reader forever. Both readers agree."""
+    import os
+
+    from vit5_sit.data.images import find_images
+    from vit5_sit.eval.sources import open_images
+
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(root / "a" / f"{i}.png")
+    (root / "a" / "loop").symlink_to(root, target_is_directory=True)
+    os.mkfifo(root / "a" / "pipe.png")
+    _, samples = find_images(root)
+    assert samples == [("a/0.png", 0), ("a/1.png", 0)]
+    assert open_images(root).num_images == 2

@@ -51,6 +51,27 @@ def host_reachable(url: str, timeout: float = NETWORK_PROBE_TIMEOUT_S) -> bool:
     return bool(ok)
 
 
+def walk_image_files(root: str | Path, skip_hidden: bool = False) -> Iterator[Path]:
+    """Image files (IMAGE_EXTENSIONS, any case) anywhere under ``root``, following folder links, in no set
+    order. Each real folder is walked once (a link back up the tree listed every image ~40 times, until the
+    OS gave up on the path), and only regular files are listed (a FIFO named ``x.png`` blocked the reader
+    forever). ``skip_hidden``: leave out names starting with '.' (files and folders)."""
+    seen: set[tuple[int, int]] = set()
+    for folder, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if skip_hidden:
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.lower().endswith(IMAGE_EXTENSIONS) and not (skip_hidden and name.startswith(".")):
+                path = Path(folder) / name
+                if path.is_file():
+                    yield path
+
+
 @contextlib.contextmanager
 def atomic_write_file(path: str | Path) -> Iterator[Path]:
     """A temporary file name beside `path` for writers that want a name (np.savez, safetensors, PIL,

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit5_sit.utils import IMAGE_EXTENSIONS
+from vit5_sit.utils import IMAGE_EXTENSIONS, walk_image_files
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +133,7 @@ def find_images(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     samples: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for f in filenames:
-                if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
-                    found.append(os.path.relpath(os.path.join(dirpath, f), root))
+        found = [os.path.relpath(f, root) for f in walk_image_files(root / name, skip_hidden=True)]
         if not found:
             log.warning("class folder %s has no images; its label %d is kept", name, label)
         samples.extend((path, label) for path in sorted(found))

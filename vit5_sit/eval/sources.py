@@ -18,7 +18,6 @@ References (`open_reference`):
 
 from __future__ import annotations
 
-import os
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ import PIL.Image
 import torch
 from tqdm import tqdm
 
-from vit5_sit.utils import IMAGE_EXTENSIONS
+from vit5_sit.utils import IMAGE_EXTENSIONS, walk_image_files
 
 from .errors import EvalError
 from .inception import POOL_DIM
@@ -132,12 +131,7 @@ class _ImageFiles(torch.utils.data.Dataset):
 class FolderImages(ImageSource):
     def __init__(self, path: Path):
         self.path, self.description = path, str(path)
-        self.files = sorted(
-            Path(root) / name
-            for root, _, names in os.walk(path, followlinks=True)
-            for name in names
-            if name.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        self.files = sorted(walk_image_files(path))
         self.num_images = len(self.files)
         self.skipped: list[tuple[str, str]] = []  # (file, reason) of unreadable images, filled while reading
         if not self.files:

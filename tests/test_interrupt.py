@@ -115,6 +115,41 @@ def test_every_long_command_stops_cleanly(module, monkeypatch, capsys):
     assert err.startswith("interrupted") and "again" in err
 
 
+def test_ctrl_c_inside_a_commands_mass_sampling_is_its_line(model_dir, tmp_path, capsys, monkeypatch):
+    """eval_fid.py compare (and the study's evaluation) sample with `sample_to_npz`, which keeps its batches and
+    raises SamplingInterrupted: that was a traceback, not the line saying what was kept."""
+    import numpy as np
+
+    import vit5_sit.generate as generate
+    from vit5_sit.cli import eval_fid
+    from vit5_sit.study.__main__ import main as study_main
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "sample_images", stop)
+    ref = tmp_path / "ref"
+    (ref / "a").mkdir(parents=True)
+    from PIL import Image
+
+    for i in range(4):
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(ref / "a" / f"{i}.png")
+    rc = eval_fid.main(["compare", str(model_dir), "--ref", str(ref), "--out", str(tmp_path / "cmp"),
+                        "--metrics", "fid", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EXIT_CODE and err[-1].startswith("interrupted at image 0 of 4") and "Traceback" not in err[0]
+
+    @stops_cleanly("interrupted")
+    def inside() -> int:
+        raise generate.SamplingInterrupted("interrupted at image 3 of 9 (3 kept in X); run it again")
+
+    assert inside() == EXIT_CODE and capsys.readouterr().err.strip() == "interrupted at image 3 of 9 (3 kept in " \
+        "X); run it again"
+    monkeypatch.setattr("vit5_sit.study.__main__._run", lambda args: inside.__wrapped__())
+    assert study_main(["status", str(tmp_path)]) == EXIT_CODE
+    assert "interrupted; run the same command again" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])  # SIGTERM: `kill`, `timeout`, a scheduler
 def test_sigint_in_mass_sampling_keeps_batches_and_resumes_exactly(model_dir, tmp_path, sig):
     args = ["--ckpt", str(model_dir), "--num-samples", "240", "--part-size", "40", "--batch-size", "8"]

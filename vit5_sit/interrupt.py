@@ -107,6 +107,9 @@ def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., 
             except KeyboardInterrupt:
                 print(message, file=sys.stderr, flush=True)
                 return EXIT_CODE
+            except Interrupted as e:  # stopped inside a loop that kept its work and says where (mass sampling)
+                print(e, file=sys.stderr, flush=True)
+                return EXIT_CODE
             except OSError as e:  # a full disk, a read-only folder: one line, and what was kept
                 from vit5_sit.checks import storage_failure
 

@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from ..checks import UsageError, path_text, positive_int, storage_failure, writable_folder
-from ..interrupt import sigterm_as_ctrl_c
+from ..interrupt import Interrupted, sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):  # Interrupted: inside an evaluation's sampling, its images kept
         print("interrupted; run the same command again to continue (finished checkpoints and evaluations are "
               "kept)", file=sys.stderr)
         return 130

@@ -25,6 +25,14 @@ class ModelLoadError(RuntimeError):
     `vit5_sit.model_files` and `vit5_sit.hub_files`)."""
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` itself if it exists, else its nearest existing parent (the root at worst)."""
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def writable_folder(folder: str | Path, what: str) -> Path:
     """The nearest existing folder at or above ``folder``, after a probe file was created and removed in it.
 
@@ -32,9 +40,7 @@ def writable_folder(folder: str | Path, what: str) -> Path:
     folder cannot be written. Nothing stays behind: a missing ``folder`` is created later, by whoever writes into it.
     """
     folder = Path(folder)
-    probe_dir = folder
-    while not probe_dir.exists() and probe_dir.parent != probe_dir:
-        probe_dir = probe_dir.parent
+    probe_dir = nearest_existing(folder)
     if not probe_dir.is_dir():
         raise UsageError(f"{what}: {probe_dir} is a file, not a folder; choose another location")
     probe = probe_dir / f".write-probe-{socket.gethostname()}-{os.getpid()}"  # unique on a shared filesystem
@@ -251,9 +257,7 @@ def storage_error(exc: BaseException) -> str | None:
     where, free = "", ""
     if path is not None:
         where = f" {path}"
-        folder = path if path.is_dir() else path.parent
-        while not folder.exists() and folder.parent != folder:
-            folder = folder.parent
+        folder = nearest_existing(path if path.is_dir() else path.parent)
         try:
             import shutil
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..checks import UsageError, path_text, positive_int, storage_failure, writable_folder
 from ..interrupt import Interrupted, sigterm_as_ctrl_c
@@ -54,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
                         "that are scored)")
     p.add_argument("--no-noise", action="store_true",
                    help="evaluate with the main sample seed only; the sampling-noise re-scoring is left for later")
+    p.add_argument("--retrain-scored", action="store_true",
+                   help="train (from step 0) the runs whose scores are saved in study.json but whose folders are "
+                        "gone; by default they count as done")
     p.add_argument("--device", default=None, help="device for evaluation (default: cpu)")
     p.add_argument("--out", type=path_text, default=None, help="results folder (default: the study's results_dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -64,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
 # (`train --steps 1200` trained to the study's last step), so it is refused instead.
 _FLAG_COMMANDS = {
     "jobs": ("run", "train"), "threads": ("run", "train"), "until": ("run", "train"),
+    "retrain_scored": ("run", "train"),
     "arms": ("run", "train", "eval", "status"), "seeds": ("run", "train", "eval", "status"),
     "steps": ("run", "eval"), "no_noise": ("run", "eval"), "device": ("run", "eval"),
     "out": ("run", "eval", "report"),
@@ -99,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from . import runner
-    from .report import write_report
+    from .report import saved_rows, write_report
 
     spec = load_study(args.spec)
     if args.command == "status":
         for s in runner.status(spec, args.arms, args.seeds):
-            print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}")
+            print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}; "
+                  f"scored steps {s['scored_steps']}")
         return 0
     if args.command == "run":
         runner.check_reference_source(spec)  # before the trainings, not after them
@@ -118,7 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         raise StudyError(str(e)) from None
     if args.command in ("run", "train"):
         results = runner.train_all(spec, jobs=args.jobs, threads=args.threads, until=args.until,
-                                   arms=args.arms, seeds=args.seeds)
+                                   arms=args.arms, seeds=args.seeds, retrain_scored=args.retrain_scored,
+                                   results=Path(args.out or spec.results_dir) / "study.json")
         failed = [f"{a}-s{s}" for a, s, rc in results if rc != 0]
         if failed:
             print(f"error: training failed for {', '.join(failed)} (see their .log files)", file=sys.stderr)
@@ -132,7 +139,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "report" or args.arms or args.seeds or args.steps or args.no_noise:
             # The report holds every evaluation done so far (the sampling-noise ones included), whatever
             # part of the study this command evaluated: it is the same file, never a partial view.
-            rows = runner.evaluate_all(spec, noise=True, cached_only=True)
+            try:
+                rows = runner.evaluate_all(spec, noise=True, cached_only=True)
+            except StudyError:  # no evaluation here (a new machine): the saved scores make the report
+                if not saved_rows(spec, Path(args.out or spec.results_dir) / "study.json", log=lambda *_: None):
+                    raise
+                rows = []
         path = write_report(spec, rows, args.out)
         print(path.read_text())
         print(f"wrote {path} (+ study.json, fid_vs_step.png, grids)")

@@ -3,6 +3,10 @@ beside it, the FID-vs-step plot with error bands, and one sample grid per arm.
 
 A cell with fewer seeds than the arm asks for says so ("2/3 seeds, missing s2"): partial results are never
 averaged silently as if they were complete.
+
+The committed ``study.json`` is the durable record: the run folders (checkpoints, evaluation caches) stay out of
+git and may be gone (a new machine, a cleaned disk), so a report keeps every score of the earlier ``study.json``
+that the evaluations at hand do not redo, provided it was made under the same evaluation settings.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import numpy as np
 
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
-from .spec import StudySpec
+from .spec import StudyError, StudySpec
 
+_KEY = ("arm", "seed", "step", "sample_seed")  # one evaluation
+KEPT = "kept_from"  # the row field that marks a score taken from the earlier study.json
 METRIC_LABELS = {"fid": "FID", "precision": "precision", "recall": "recall", "is": "IS", "kid": "KID"}
 
 
@@ -160,6 +166,10 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
         "seeds (n - 1); a cell with fewer seeds than planned names the missing ones.",
         "",
     ]
+    kept = sum(1 for r in rows if r.get(KEPT))
+    if kept:
+        lines += [f"{kept} of the {len(rows)} scores are kept from the earlier `study.json` (their run folders "
+                  "are not on the machine that wrote this report).", ""]
     for metric in e.metrics:
         digits = 1 if metric == "fid" else 3
         agg = aggregate(spec, rows, metric)
@@ -232,6 +242,8 @@ def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: 
         if not mine:
             continue
         best = max(mine, key=lambda r: (r["step"], -r["seed"]))
+        if "samples" not in best:  # a score kept from the earlier study.json: its samples are not here,
+            continue               # so the grid already drawn from them stays
         with np.load(best["samples"]) as data:
             images, labels = data["arr_0"], data["arr_1"]
         classes = sorted(set(labels.tolist()))
@@ -243,9 +255,71 @@ def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: 
     return written
 
 
-def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None = None) -> Path:
-    """study.md, study.json, fid_vs_step.png and the grids in the results folder; returns study.md's path."""
+def _eval_settings(spec: StudySpec) -> dict:
+    """The evaluation settings a score depends on, as study.json stores them (batch size does not matter:
+    image i has seed sample_seed + i whatever the batch)."""
+    settings = json.loads(json.dumps(spec.eval.__dict__, default=str))
+    settings.pop("batch_size", None)
+    return settings
+
+
+def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
+    """The scores of an earlier results file ``path`` (study.json) that belong to this study: its arms, steps
+    and seeds, under the same evaluation settings; [] if there is no such file.
+
+    A file that cannot be read as a results file is refused (`StudyError`): the report would replace it, and
+    it may hold the only copy of scores whose runs are gone.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    fix = "repair it (git checkout it) or move it away, then run the command again"
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StudyError(f"{path}: not a readable study results file ({e}); {fix}") from None
+    rows = payload.get("rows") if isinstance(payload, dict) else None
+    if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("arm"), str)
+            and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in _KEY[1:])
+            for r in rows):
+        raise StudyError(f"{path}: not a study results file (no list of rows with arm, seed, step and "
+                         f"sample_seed); {fix}")
+    saved = {k: v for k, v in (payload.get("eval") or {}).items() if k != "batch_size"}
+    if payload.get("study") != spec.name or saved != _eval_settings(spec):
+        what = (f"study {payload.get('study')!r}, not {spec.name!r}" if payload.get("study") != spec.name
+                else "other evaluation settings")
+        if rows:
+            log(f"note: the {len(rows)} scores in {path} are of {what}: the new report does not keep them "
+                "(git keeps the old file)")
+        return []
+    arms = {a.name: set(a.seeds) for a in spec.arms}
+    kept = [r for r in rows if r["seed"] in arms.get(r["arm"], ()) and r["step"] in spec.steps]
+    if len(kept) < len(rows):
+        log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds or steps this study no longer "
+            "has: the new report does not keep them")
+    return kept
+
+
+def merge_rows(new: list[dict], old: list[dict]) -> list[dict]:
+    """``new`` plus every row of ``old`` whose (arm, seed, step, sample_seed) ``new`` does not have, marked
+    with ``kept_from`` (a score computed now replaces the saved one)."""
+    have = {tuple(r[k] for k in _KEY) for r in new}
+    kept = [{**r, KEPT: r.get(KEPT) or "study.json"} for r in old if tuple(r[k] for k in _KEY) not in have]
+    return list(new) + kept
+
+
+def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None = None, *,
+                 keep_saved: bool = True, log=print) -> Path:
+    """study.md, study.json, fid_vs_step.png and the grids in the results folder; returns study.md's path.
+
+    ``keep_saved``: the scores of the folder's earlier study.json that ``rows`` does not redo stay in the
+    report (`saved_rows`): a run folder that is gone does not take its scores with it."""
     out = Path(out_dir or spec.results_dir)
+    if keep_saved:
+        rows = merge_rows(rows, saved_rows(spec, out / "study.json", log))
+    order = {a.name: i for i, a in enumerate(spec.arms)}
+    rows = sorted(rows, key=lambda r: (order.get(r["arm"], len(order)), *(r[k] for k in _KEY[1:])))
     out.mkdir(parents=True, exist_ok=True)
     save_arm_grids(spec, rows, out)
     atomic_write_text(out / "study.md", format_report(spec, rows))

@@ -61,27 +61,58 @@ def select_pairs(spec: StudySpec, arms: list[str] | None = None,
     return [(a, s) for a, s in spec.pairs() if (not arms or a.name in arms) and (seeds is None or s in seeds)]
 
 
+def results_file(spec: StudySpec) -> Path:
+    """The committed study.json of the study's results folder (it may not exist yet)."""
+    return Path(spec.results_dir) / "study.json"
+
+
+def scored_steps(spec: StudySpec, arm: Arm, seed: int, saved: list[dict]) -> list[int]:
+    """The study steps at which (arm, seed) is scored with the main sample seed among the ``saved`` rows (the
+    sampling-noise re-scoring is optional: it does not make a run worth training again)."""
+    have = {r["step"] for r in saved
+            if r["arm"] == arm.name and r["seed"] == seed and r["sample_seed"] == spec.eval.sample_seed}
+    return [step for step in spec.steps if step in have]
+
+
 def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | None = None,
-              arms: list[str] | None = None, seeds: list[int] | None = None,
-              log=print, poll_s: float = 5.0) -> list[tuple[str, int, int]]:
+              arms: list[str] | None = None, seeds: list[int] | None = None, retrain_scored: bool = False,
+              results: Path | None = None, log=print, poll_s: float = 5.0) -> list[tuple[str, int, int]]:
     """Train every (arm, seed) to ``until`` (default: the last evaluated step), ``jobs`` at a time.
 
     ``arms`` / ``seeds`` limit training to part of the study (the report still covers all of it).
+    A run whose every evaluated step up to ``until`` is already scored in the committed study.json
+    (``results``; default: the study's results folder) is done too, even when its folder is gone (a new
+    machine): it is not trained again from step 0 unless ``retrain_scored``.
     Returns (arm, seed, exit code) of the runs started. A failed run is reported and the others go on.
     """
+    from .report import saved_rows
+
     until = until or spec.max_steps
     if until > spec.max_steps:
         raise StudyError(f"--until {until}: beyond the study's last step {spec.max_steps} (raise steps in "
                          f"{spec.source} instead)")
     chosen = select_pairs(spec, arms, seeds)
-    pending = [(a, s) for a, s in chosen if trained_step(spec, a, s) < until]
+    results = results or results_file(spec)
+    saved = [] if retrain_scored else saved_rows(spec, results, log=lambda *_: None)
+    wanted = [step for step in spec.steps if step <= until]
+    pending, scored = [], []
+    for a, s in chosen:
+        if trained_step(spec, a, s) >= until:
+            continue
+        if wanted and set(wanted) <= set(scored_steps(spec, a, s, saved)):
+            scored.append(spec.run_dir(a, s).name)
+            continue
+        pending.append((a, s))
     done = len(chosen) - len(pending)
     log(f"study {spec.name}: {done} of {len(chosen)} runs at step {until} or beyond; {len(pending)} to train "
         f"({jobs} at a time, {threads} thread(s) each)")
+    if scored:
+        log(f"  scored in {results} up to step {until} (their run folders are not here), not trained "
+            f"again: {', '.join(scored)} (--retrain-scored trains them from step 0)")
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Arm, int, subprocess.Popen, object]] = []
-    results = []
+    finished = []
     previous = _stop_signals_as_interrupt()
     try:
         while pending or running:
@@ -103,7 +134,7 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
                     continue
                 running.remove(item)
                 logf.close()
-                results.append((arm.name, seed, proc.returncode))
+                finished.append((arm.name, seed, proc.returncode))
                 state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}; see {logf.name})"
                 log(f"  {spec.run_dir(arm, seed).name}: {state}")
     finally:
@@ -114,7 +145,7 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
                 logf.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    return results
+    return finished
 
 
 def _stop_signals_as_interrupt() -> dict:
@@ -253,13 +284,17 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
 
 
 def status(spec: StudySpec, arms: list[str] | None = None, seeds: list[int] | None = None) -> list[dict]:
-    """Per (arm, seed), limited to ``arms`` / ``seeds`` when given: the newest verified step and which
-    evaluated steps exist."""
+    """Per (arm, seed), limited to ``arms`` / ``seeds`` when given: the newest verified step, which evaluated
+    steps exist as checkpoints, and which are scored in the committed study.json."""
+    from .report import saved_rows
+
+    saved = saved_rows(spec, results_file(spec), log=lambda *_: None)
     out = []
     for arm, seed in select_pairs(spec, arms, seeds):
         ckpts = _checkpoints(spec.run_dir(arm, seed))
         out.append({"arm": arm.name, "seed": seed, "step": max(ckpts, default=0),
-                    "eval_steps": [s for s in spec.steps if s in ckpts]})
+                    "eval_steps": [s for s in spec.steps if s in ckpts],
+                    "scored_steps": scored_steps(spec, arm, seed, saved)})
     return out
 
 

@@ -165,3 +165,49 @@ def test_other_os_errors_are_not_taken_for_a_full_disk():
 
     with pytest.raises(PermissionError):
         main()
+
+
+def _fill(mount: Path) -> None:
+    with open(mount / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_is_refused_by_the_up_front_write_probe(small_disk):
+    _fill(small_disk)
+    with pytest.raises(checks.UsageError, match=r"--out x: cannot write in .*\(No space left on device\); free "
+                                                 "space or choose another location"):
+        checks.writable_folder(small_disk / "new", "--out x")
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # the probe is not left behind
+
+
+def test_a_reference_that_would_not_fit_is_refused_before_any_inception_work(small_disk, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`eval_fid ref` computed every feature (minutes for real data) and only then failed to write the file."""
+    from vit5_sit.cli import eval_fid
+
+    def no_inception(*args, **kwargs):
+        raise AssertionError("Inception loaded")
+
+    monkeypatch.setattr(eval_fid, "_load_inception", no_inception)
+    data = _image_folder(tmp_path / "imgs", classes=2, per_class=10)
+    out = small_disk / "ref.npz"  # 20 images with their features: 160 KiB, on a 64 KiB disk
+    assert eval_fid.main(["ref", "--data", str(data), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --out {out}: needs about 0.2 MiB, and only ")
+    assert err[0].endswith(f"MiB are free in {small_disk}; free space or choose another location")
+    assert list(small_disk.iterdir()) == []
+
+
+def test_room_for_compares_with_the_free_space(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**20, 9 * 2**20, 2**20))
+    checks.room_for(tmp_path / "a" / "b", 2**20, "--out f")  # exactly enough
+    with pytest.raises(checks.UsageError, match=r"--out f: needs about 2.0 MiB, and only 1.0 MiB are free in "):
+        checks.room_for(tmp_path / "a" / "b", 2 * 2**20, "--out f")

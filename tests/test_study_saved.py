@@ -37,7 +37,8 @@ def _all_rows(fid=100.0):
 
 
 def _fids(results: Path) -> dict:
-    return {(r["arm"], r["seed"], r["step"]): r["fid"] for r in json.loads((results / "study.json").read_text())["rows"]}
+    rows = json.loads((results / "study.json").read_text())["rows"]
+    return {(r["arm"], r["seed"], r["step"]): r["fid"] for r in rows}
 
 
 def test_a_report_keeps_the_saved_scores_it_does_not_redo(tmp_path):

@@ -45,12 +45,32 @@ def writable_folder(folder: str | Path, what: str) -> Path:
         raise UsageError(f"{what}: {probe_dir} is a file, not a folder; choose another location")
     probe = probe_dir / f".write-probe-{socket.gethostname()}-{os.getpid()}"  # unique on a shared filesystem
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            probe.write_bytes(b"x")  # one byte, not none: a full disk still creates an empty file
+        finally:
+            probe.unlink(missing_ok=True)
     except OSError as e:
-        raise UsageError(f"{what}: cannot write in {probe_dir} ({e.strerror or e}); choose a writable "
-                         "location") from None
+        import errno
+
+        fix = "free space or choose another location" if e.errno in (errno.ENOSPC, errno.EDQUOT) else \
+            "choose a writable location"
+        raise UsageError(f"{what}: cannot write in {probe_dir} ({e.strerror or e}); {fix}") from None
     return probe_dir
+
+
+def room_for(folder: str | Path, nbytes: int, what: str) -> None:
+    """UsageError (starting with ``what``) when the filesystem that would hold ``folder`` has less than
+    ``nbytes`` free: a file that needs minutes of compute is refused before them, not when it is written."""
+    import shutil
+
+    where = nearest_existing(folder)
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:  # cannot tell: the write itself reports a full disk
+        return
+    if free < nbytes:
+        raise UsageError(f"{what}: needs about {nbytes / 2**20:,.1f} MiB, and only {free / 2**20:,.1f} MiB are "
+                         f"free in {where}; free space or choose another location")
 
 
 def output_file(path: str | Path, flag: str) -> Path:

@@ -49,6 +49,7 @@ from vit5_sit.checks import (
     parse_device,
     path_text,
     positive_int,
+    room_for,
     seed_flag,
 )
 from vit5_sit.eval import (
@@ -62,6 +63,7 @@ from vit5_sit.eval import (
     open_reference,
     parse_metrics,
 )
+from vit5_sit.eval.evaluation import reference_file_bytes
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.utils import atomic_write_text
 
@@ -106,6 +108,7 @@ def cmd_ref(args) -> int:
         raise UsageError(f"--data: {args.data} holds {images.images.num_images} image; reference statistics "
                          "need at least 2 (FID is only meaningful with thousands)")
     metrics = _flag("--metrics", parse_metrics, args.metrics)
+    room_for(Path(args.out).parent, reference_file_bytes(images.images.num_images, metrics), f"--out {args.out}")
     inception = _load_inception(args)
     ref = compute_reference(images, args.out, inception, batch_size=args.batch_size,
                             num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics)

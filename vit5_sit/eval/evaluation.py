@@ -22,6 +22,7 @@ from .sources import REFERENCE_FORMAT, Features, Reference, compute_features, op
 METRICS = ("fid", "is", "precision", "recall", "kid")
 ALIASES = {"pr": ("precision", "recall")}  # shorthand accepted by parse_metrics and the CLI
 NEEDS_REFERENCE_FEATURES = ("precision", "recall", "kid")
+POOL_DIMS = 2048  # Inception pool features per image
 
 
 def parse_metrics(metrics: str | Iterable[str]) -> tuple[str, ...]:
@@ -167,6 +168,14 @@ def evaluate(
 def _metric_device(net: LazyInception):
     """Distances for precision/recall run where the Inception ran (a GPU when there is one)."""
     return net.inception.device if net.inception is not None else (net.device or "cpu")
+
+
+def reference_file_bytes(num_images: int, metrics: str | Iterable[str] = ("fid", "precision", "recall")) -> int:
+    """About the size of the .npz `compute_reference` writes for ``num_images`` images and ``metrics``."""
+    dims = POOL_DIMS
+    keep_features = any(m in NEEDS_REFERENCE_FEATURES for m in parse_metrics(metrics))
+    stored = num_images * dims * 4 if keep_features else dims * dims * 4
+    return stored + dims * 8 + 4096
 
 
 def compute_reference(

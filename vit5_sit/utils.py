@@ -57,19 +57,28 @@ def walk_image_files(root: str | Path, skip_hidden: bool = False) -> Iterator[Pa
     OS gave up on the path), and only regular files are listed (a FIFO named ``x.png`` blocked the reader
     forever). ``skip_hidden``: leave out names starting with '.' (files and folders)."""
     seen: set[tuple[int, int]] = set()
-    for folder, dirnames, filenames in os.walk(root, followlinks=True):
-        st = os.stat(folder)
-        if (st.st_dev, st.st_ino) in seen:
-            dirnames[:] = []
+    stack = [os.fspath(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as entries:
+                listed = list(entries)
+        except OSError:  # unreadable or vanished: skipped, as os.walk does
             continue
-        seen.add((st.st_dev, st.st_ino))
-        if skip_hidden:
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if name.lower().endswith(IMAGE_EXTENSIONS) and not (skip_hidden and name.startswith(".")):
-                path = Path(folder) / name
-                if path.is_file():
-                    yield path
+        for entry in listed:
+            if skip_hidden and entry.name.startswith("."):
+                continue
+            try:  # the type comes from the folder listing: no stat per file (a network filesystem's cost)
+                if entry.is_dir():  # follows links, as the folder tree the user sees
+                    stack.append(entry.path)
+                elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+                    yield Path(entry.path)
+            except OSError:
+                continue
 
 
 @contextlib.contextmanager

@@ -155,3 +155,25 @@ def test_report_on_a_machine_without_any_evaluation(tmp_path, capsys):
     (Path(spec.results_dir) / "study.json").unlink()
     assert main(["report", str(tmp_path / "study.yaml")]) == 2  # nothing at all: the named error as before
     assert "nothing is evaluated yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["folder", "text"])
+def test_a_damaged_results_file_stops_eval_and_run_before_any_work(tmp_path, capsys, monkeypatch, damage):
+    spec = load_study(_study(tmp_path))
+    target = Path(spec.results_dir) / "study.json"
+    if damage == "folder":
+        target.mkdir(parents=True)
+    else:
+        target.parent.mkdir(parents=True)
+        target.write_text("{half a file")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("started work")
+
+    monkeypatch.setattr(runner, "ensure_reference", no_work)
+    monkeypatch.setattr(runner, "check_reference_source", lambda spec: None)
+    monkeypatch.setattr(runner, "train_all", no_work)
+    for command in ("eval", "run", "report"):
+        assert main([command, str(tmp_path / "study.yaml")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {target}: not a") and "move it away" in err[0]

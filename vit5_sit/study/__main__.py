@@ -120,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.command in ("run", "eval", "report"):
             out = args.out or spec.results_dir
             writable_folder(out, f"{'--out' if args.out else 'results_dir'} {out}")
+            saved_rows(spec, Path(out) / "study.json", log=lambda *_: None)  # a damaged one: refused now
     except UsageError as e:
         raise StudyError(str(e)) from None
     if args.command in ("run", "train"):

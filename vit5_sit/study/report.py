@@ -271,9 +271,12 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
     it may hold the only copy of scores whose runs are gone.
     """
     path = Path(path)
+    fix = "repair it (git checkout it) or move it away, then run the command again"
+    if path.exists() and not path.is_file():
+        raise StudyError(f"{path}: not a file, so not the study's results file; move it away, then run the command "
+                         "again")
     if not path.is_file():
         return []
-    fix = "repair it (git checkout it) or move it away, then run the command again"
     try:
         payload = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:

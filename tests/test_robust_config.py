@@ -144,6 +144,22 @@ def test_names_and_paths_that_would_put_the_run_elsewhere(override, message):
     assert message in _one_line(e)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["data.resolution=30"], "data.resolution=30: it is not divisible by the model's patch_size=4; choose a "
+                             "multiple of 4 (e.g. 28 or 32)"),
+    (["data.resolution=36", "model.patch_size=8"], "patch_size=8; choose a multiple of 8 (e.g. 32 or 40)"),
+    (["model.preset=ViT5-T/8", "data.kind=latents", "data.resolution=100", "log.sample_every=0"],
+     "data.resolution=100: its latents (100 // 8 = 12 per side) are not divisible by the model's patch_size=8; "
+     "choose a multiple of 64 (e.g. 64 or 128)"),
+    (["model.input_size=30"], "model (ViT5-T/4 with {'input_size': 30}): input_size=30 is not divisible"),
+])
+def test_a_resolution_the_model_cannot_patchify_names_the_setting_the_user_chose(overrides, message):
+    """It said `model (ViT5G-T/4 with {}): input_size=30 ...`: a key the user never wrote, and no fix."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.preset=ViT5-T/4", *overrides])
+    assert message in str(e.value)
+
+
 def test_batch_must_divide_by_accumulation():
     with pytest.raises(ConfigError, match="train.global_batch_size=10 is not divisible by train.grad_accum=4"):
         load_config(None, ["train.global_batch_size=10", "train.grad_accum=4"])

@@ -275,10 +275,28 @@ def _build_model(raw: dict[str, Any], prefix: str) -> ModelSection:
     return ModelSection(preset=preset, overrides=coerced)
 
 
+def _resolution_problem(cfg: ExperimentConfig) -> str:
+    """The data.resolution the model cannot patchify, named as the value the user set, with the valid step."""
+    from vit5_sit.models.presets import PRESETS
+
+    patch = cfg.model.overrides.get("patch_size", PRESETS[cfg.model.preset].patch_size)
+    res = cfg.data.resolution
+    if cfg.data.kind == "latents":
+        step = patch * LATENT_DOWNSAMPLE
+        why = f"its latents ({res} // {LATENT_DOWNSAMPLE} = {res // LATENT_DOWNSAMPLE} per side) are not"
+    else:
+        step, why = patch, "it is not"
+    near = sorted({max(step, res // step * step), (res // step + 1) * step})
+    return (f"data.resolution={res}: {why} divisible by the model's patch_size={patch}; choose a multiple of "
+            f"{step} (e.g. {' or '.join(map(str, near))})")
+
+
 def _check_model(cfg: ExperimentConfig) -> None:
     try:
         mcfg = cfg.model_config()
     except (ValueError, TypeError) as e:
+        if "input_size=" in str(e) and "input_size" not in cfg.model.overrides:  # it comes from the data
+            raise ConfigError(_resolution_problem(cfg)) from None
         raise ConfigError(f"model ({cfg.model.preset} with {cfg.model.overrides}): {e}") from None
     try:
         check_guidance(cfg.log.sample_cfg_scale, mcfg.class_dropout_prob)

@@ -91,12 +91,16 @@ def output_folder(path: str | Path, flag: str) -> Path:
     return path
 
 
+def _int_at_least(text: str, minimum: int, words: str) -> int:
+    value = int(text)
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {words}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return _int_at_least(text, 1, "at least 1")
 
 
 NAME_MAX = 255    # bytes in one path component (Linux, macOS; Windows counts 255 characters)
@@ -131,10 +135,7 @@ def path_text(text: str) -> str:
 
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0 (e.g. a seed)."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _int_at_least(text, 0, "0 or more")
 
 
 def positive_float(text: str) -> float:

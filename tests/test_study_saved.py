@@ -87,6 +87,16 @@ def test_an_unreadable_results_file_is_refused_not_replaced(tmp_path, content, c
     assert len(err) == 1 and "study.json" in err[0] and "move it away" in err[0]
 
 
+def test_a_results_file_with_eval_settings_of_another_shape_is_not_mixed_in(tmp_path):
+    spec = load_study(_study(tmp_path))
+    write_report(spec, _all_rows(), log=lambda *_: None)
+    target = Path(spec.results_dir) / "study.json"
+    payload = json.loads(target.read_text())
+    target.write_text(json.dumps({**payload, "eval": [1, 2]}))
+    notes = []
+    assert saved_rows(spec, target, log=notes.append) == [] and "other evaluation settings" in notes[0]
+
+
 @pytest.mark.parametrize("change, why", [({"eval": {"metrics": ["fid"], "noise_seed": None, "num_samples": 500}},
                                           "other evaluation settings"),
                                          ({"name": "other"}, "study 't', not 'other'")])

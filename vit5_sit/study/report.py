@@ -288,7 +288,8 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
             for r in rows):
         raise StudyError(f"{path}: not a study results file (no list of rows with arm, seed, step and "
                          f"sample_seed); {fix}")
-    saved = {k: v for k, v in (payload.get("eval") or {}).items() if k != "batch_size"}
+    settings = payload.get("eval")
+    saved = {k: v for k, v in settings.items() if k != "batch_size"} if isinstance(settings, dict) else None
     if payload.get("study") != spec.name or saved != _eval_settings(spec):
         what = (f"study {payload.get('study')!r}, not {spec.name!r}" if payload.get("study") != spec.name
                 else "other evaluation settings")

@@ -4,6 +4,7 @@ grid; localhost unless --host says otherwise; the library imports without Gradio
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -113,12 +114,55 @@ def test_localhost_unless_host_is_given(model_dir, monkeypatch, capsys):
         def launch(self, **kwargs):
             calls.append(kwargs)
 
-    monkeypatch.setattr(demo_app, "build_app", lambda model: Page())
+    monkeypatch.setattr(demo_app, "build_app", lambda model, allowed=None: Page())
     assert demo_app.main(["--model", str(model_dir)]) == 0
     assert calls[-1]["server_name"] == "127.0.0.1" and calls[-1]["share"] is False
     assert demo_app.main(["--host", "0.0.0.0", "--port", "8000"]) == 0
     assert (calls[-1]["server_name"], calls[-1]["server_port"]) == ("0.0.0.0", 8000)
     assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
+
+
+def test_model_box_serves_only_the_allowed_models(model_dir, tmp_path, monkeypatch):
+    """A page on another address (or with --allow) loads only the models its owner named: a page user could
+    otherwise make it read any folder of the machine or download any Hub repo."""
+    other = tmp_path / "other"
+    other.mkdir()
+    models = demo_app.Models(allowed=[str(model_dir)])
+    # the same folder under another spelling is the same model
+    monkeypatch.chdir(model_dir.parent)
+    assert models.get(f"./{model_dir.name}/") is models.get(str(model_dir))
+    for name in (str(other), "someone/huge-repo", "demo", "/etc", "x" * 5000):
+        with pytest.raises(demo_app.DemoError, match=f"this page serves only {re.escape(str(model_dir))}; "
+                                                     r"whoever started it can offer more with --allow"):
+            models.get(name)
+    # refused before anything is read or downloaded: nothing loaded besides the allowed model
+    assert list(models._pipes) == [str(model_dir.resolve())]
+    with pytest.raises(demo_app.DemoError, match="this page serves only"):
+        demo_app.generate_grid(models, tmp_path, "someone/huge-repo", **GOOD)
+    assert demo_app.Models().get(str(model_dir))  # no list: anything (the localhost default)
+
+
+def test_allow_flag_and_the_host_set_what_the_page_serves(model_dir, monkeypatch, capsys):
+    pytest.importorskip("gradio")
+    calls = []
+
+    class Page:
+        def launch(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(demo_app, "build_app", lambda model, allowed=None: calls.append((model, allowed)) or Page())
+    m = str(model_dir)
+    assert demo_app.main(["--model", m]) == 0 and calls[-1] == (m, None)  # localhost: any model
+    assert demo_app.main(["--model", m, "--host", "0.0.0.0"]) == 0 and calls[-1] == (m, [])  # network: --model only
+    assert f"it serves {m} only (--allow adds others)" in capsys.readouterr().out
+    assert demo_app.main(["--model", m, "--host", "0.0.0.0", "--allow", "a/b, c/d"]) == 0
+    assert calls[-1] == (m, ["a/b", "c/d"])
+    assert demo_app.main(["--host", "0.0.0.0", "--allow", "any"]) == 0 and calls[-1] == ("demo", None)
+    assert "it serves any model folder of this machine or Hub repo" in capsys.readouterr().out
+    assert demo_app.main(["--model", m, "--allow", "a/b"]) == 0 and calls[-1] == (m, ["a/b"])  # localhost, narrowed
+    with pytest.raises(SystemExit):
+        demo_app.main(["--allow", " , "])
+    assert "argument --allow: give model names, comma-separated, or 'any'" in capsys.readouterr().err
 
 
 def test_bad_model_is_one_line(tmp_path, capsys):

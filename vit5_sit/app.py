@@ -4,8 +4,12 @@
     python -m vit5_sit.app                       # the bundled demo model, on http://127.0.0.1:7860
     vit5-sit-demo --model runs/mnist-vit5        # any run, checkpoint or model folder, or a Hub repo id
     vit5-sit-demo --host 0.0.0.0 --port 8000     # listen on every address: reachable from the network
+    vit5-sit-demo --host 0.0.0.0 --allow me/vit5-mnist,runs/mnist-sit   # ... offering two more models
 
-It listens on localhost only unless --host names another address. Generation is `Vit5SitPipeline` (the
+It listens on localhost only unless --host names another address. On localhost the model box loads any
+run, checkpoint, model folder or Hub repo; on another address it serves only --model and the models that
+--allow names (``--allow any`` lifts that), so a page reachable from the network cannot be made to read other
+folders of this machine or download arbitrary repos. Generation is `Vit5SitPipeline` (the
 images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
 model draws its 40-digit grid (SDE 50 steps, guidance 6) in about 30 s on an idle 2-core CPU, as
 ``python sample.py`` does; fewer images per class or steps are quicker. Gradio is imported only here, so
@@ -41,11 +45,31 @@ class DemoError(ValueError):
     """A bad value in the page; shown there as one line."""
 
 
-class Models:
-    """Pipelines by model name, the last few kept loaded."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+ANY = "any"                  # --allow any: the model box loads whatever it is given
 
-    def __init__(self, keep: int = KEEP_MODELS):
+
+def model_key(name) -> str:
+    """One spelling per model: 'demo' for an empty box, a local path resolved (./runs/x == runs/x), else the text."""
+    name = str(name or "").strip() or DEMO
+    if name == DEMO:
+        return DEMO
+    try:
+        path = Path(name).expanduser()
+        if path.exists():
+            return str(path.resolve())
+    except (OSError, ValueError):  # a name too long for the OS, a NUL byte: not a local path
+        pass
+    return name
+
+
+class Models:
+    """Pipelines by model name, the last few kept loaded; ``allowed`` (names), if given, the only ones served."""
+
+    def __init__(self, keep: int = KEEP_MODELS, allowed=None):
         self.keep, self._pipes = keep, OrderedDict()
+        self.allowed = None if allowed is None else list(dict.fromkeys(str(a).strip() or DEMO for a in allowed))
+        self._allowed_keys = None if allowed is None else {model_key(a) for a in self.allowed}
 
     def get(self, name: str):
         from vit5_sit.config import ConfigError
@@ -53,17 +77,23 @@ class Models:
         from vit5_sit.pipeline import Vit5SitPipeline
 
         name = str(name or "").strip() or DEMO
-        if name not in self._pipes:
+        key = model_key(name)
+        if self._allowed_keys is not None and key not in self._allowed_keys:
+            from vit5_sit.checks import shown
+
+            raise DemoError(f"model {shown(name)}: this page serves only {', '.join(self.allowed)}; whoever started "
+                            "it can offer more with --allow NAME[,NAME...] (or --allow any)")
+        if key not in self._pipes:
             try:
                 pipe = Vit5SitPipeline.from_pretrained(None if name == DEMO else name)
             except (ModelLoadError, ConfigError, FileNotFoundError) as e:
                 raise DemoError(f"model {name}: {e}") from None
             pipe.set_progress_bar_config(disable=True)
-            self._pipes[name] = pipe
+            self._pipes[key] = pipe
             while len(self._pipes) > self.keep:
                 self._pipes.popitem(last=False)
-        self._pipes.move_to_end(name)
-        return self._pipes[name]
+        self._pipes.move_to_end(key)
+        return self._pipes[key]
 
 
 def model_defaults(pipe) -> dict:
@@ -149,11 +179,12 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
     return path, info
 
 
-def build_app(model: str = DEMO, out_dir: str | Path | None = None):
-    """The Gradio page (not launched). ``model``: the model box's initial value."""
+def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None):
+    """The Gradio page (not launched). ``model``: the model box's initial value; ``allowed``: if given, the only
+    models the box loads (``model`` is always among them)."""
     import gradio as gr
 
-    models = Models()
+    models = Models(allowed=None if allowed is None else [model, *allowed])
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="vit5-sit-app-"))
     first = model_defaults(models.get(model))
 
@@ -178,7 +209,8 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None):
             with gr.Column(scale=1):
                 with gr.Row():
                     name = gr.Textbox(model, label="model", scale=4,
-                                      info="'demo', a run / checkpoint / model folder, or a Hub repo id")
+                                      info="'demo', a run / checkpoint / model folder, or a Hub repo id"
+                                      if models.allowed is None else "one of: " + ", ".join(models.allowed))
                     load_btn = gr.Button("load", scale=1)
                 about = gr.Markdown(first["about"])
                 classes = gr.Textbox(first["classes"], label="classes",
@@ -213,6 +245,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _allow(text: str) -> list[str] | None:
+    """argparse type: comma-separated model names, or 'any' (None: no restriction)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give model names, comma-separated, or 'any'")
+    if ANY in names:
+        return None
+    return [path_text(n) for n in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
@@ -222,7 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
                         "address, so other machines can reach the page)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port, 1-65535 (default: {DEFAULT_PORT})")
+    p.add_argument("--allow", type=_allow, default=(), metavar="NAMES",
+                   help="further models the page's model box may load (comma-separated folders or Hub repo ids), "
+                        "or 'any'. Default: any on localhost; only --model when --host is another address")
     args = p.parse_args(argv)
+    local = args.host in LOCAL_HOSTS
+    allowed = args.allow if args.allow != () else (None if local else [])
     try:
         import gradio  # noqa: F401
     except ImportError:
@@ -230,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        app = build_app(args.model)
+        app = build_app(args.model, allowed=allowed)
     except DemoError as e:
         print(f"error: --model: {e}", file=sys.stderr)
         return 2
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page")
+    if not local:
+        served = ("any model folder of this machine or Hub repo" if allowed is None
+                  else ", ".join(dict.fromkeys([args.model, *allowed])) + " only (--allow adds others)")
+        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page; "
+              f"it serves {served}")
     try:
         app.launch(server_name=args.host, server_port=args.port, share=False, inbrowser=False, show_error=True,
                    ssr_mode=False)

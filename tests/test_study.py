@@ -176,6 +176,31 @@ def test_unreadable_study_files_are_one_line(tmp_path, content, message, capsys)
     assert len(err) == 1 and message in err[0] and str(path) in err[0]
 
 
+def _file(folder: Path, text: str) -> Path:
+    (folder / "s.yaml").write_text(text)
+    return folder / "s.yaml"
+
+
+@pytest.mark.parametrize("make, message", [
+    # a second `arms:` silently replaced the first list (PyYAML keeps the last key): half a study dropped
+    (lambda d: _file(d, "name: t\nsteps: [10]\narms: [{name: a, config: c.yaml}]\narms: [{name: b, config: c.yaml}]\n"),
+     "key 'arms' is given twice in one section (lines 3 and 4); keep one"),
+    (lambda d: d, "is a folder; give a study YAML file"),  # was "study file not found"
+    (lambda d: d / ("x" * 300 + ".yaml"), "more than the OS allows for one file or folder name"),  # a traceback
+    (lambda d: _file(d, ""), "expected a mapping with name, steps, seeds, arms"),
+])
+def test_study_files_are_read_like_configs(tmp_path, make, message, capsys):
+    path = make(tmp_path)
+    with pytest.raises(StudyError, match=re.escape(message)):
+        load_study(path)
+    try:
+        assert main(["status", str(path)]) == 2
+    except SystemExit as e:  # the long name is refused by the argument parser already
+        assert e.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(("error: ", "python -m vit5_sit.study: error: ")) and message in err[-1]
+
+
 def test_part_of_a_study_is_chosen_by_arm_and_seed_and_bad_names_are_named(tmp_path, capsys):
     from vit5_sit.study.runner import select_pairs, train_command
 

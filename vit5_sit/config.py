@@ -157,24 +157,37 @@ class ExperimentConfig:
 # ----------------------------------------------------------------------------------------------------------
 # Loading, overriding, saving.
 
+def read_yaml_file(path: str | Path, kind: str = "config file", fix: str = "give a YAML file") -> Any:
+    """One YAML file of the project (a config, a study file), read the one way: a missing file, a folder, a pipe,
+    a path too long for the OS, bad YAML, bytes that are not UTF-8, a huge integer and a key given twice in one
+    mapping (PyYAML keeps the last silently) are each a ConfigError naming the file; an empty file is {}."""
+    path = Path(path)
+    problem = path_problem(str(path))
+    if problem:
+        raise ConfigError(f"{kind} {shown(path)}: {problem}")
+    if not path.is_file():  # a FIFO would block the read forever
+        what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+        raise ConfigError(f"{kind} {path}: {what}; {fix}")
+    try:
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"{path}: unreadable value: {e}") from None
+    except OSError as e:  # unreadable (permissions, an I/O error)
+        raise ConfigError(f"{kind} {path}: cannot be read: {e.strerror or e}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML config (or start from the defaults) and apply ``key=value`` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
-            raise ConfigError(f"config file {path}: {what}; give a YAML file (configs/...)")
-        try:
-            raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
-        except ValueError as e:  # e.g. an integer of more than 4300 digits
-            raise ConfigError(f"{path}: unreadable value: {e}") from None
+        raw = read_yaml_file(path, "config file", "give a YAML file (configs/...)")
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     for item in overrides:

@@ -22,8 +22,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from vit5_sit.checks import path_problem, shown
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -208,18 +206,14 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
 
 def load_study(path: str | Path) -> StudySpec:
     """Read and check a study file; see the module docstring for the layout."""
+    from vit5_sit.config import ConfigError, read_yaml_file
+
     path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"study file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise StudyError(f"{path}: not valid YAML: {e}") from None
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not a text file (not UTF-8)") from None
-    except ValueError as e:  # e.g. an integer of more than 4300 digits
-        raise StudyError(f"{path}: unreadable value: {e}") from None
-    if not isinstance(raw, dict):
+        raw = read_yaml_file(path, "study file", "give a study YAML file (configs/study/...)")
+    except ConfigError as e:
+        raise StudyError(str(e)) from None
+    if not isinstance(raw, dict) or not raw:
         raise StudyError(f"{path}: expected a mapping with name, steps, seeds, arms")
     _known(str(path), raw, {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms", "decision"})
     steps = _int_list("steps", raw.get("steps"), 1)

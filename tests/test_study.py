@@ -31,6 +31,25 @@ def _row(arm, seed, step, fid, sample_seed=0):
     return {"arm": arm, "seed": seed, "step": step, "sample_seed": sample_seed, "fid": fid}
 
 
+def test_component_deltas_pair_each_ablation_with_its_base_by_seed():
+    from vit5_sit.study import component_deltas
+
+    spec = _spec([Arm("base", "c.yaml", seeds=(0, 1, 2)), Arm("off", "c.yaml", ("model.rope=false",), seeds=(0, 1, 3)),
+                  Arm("other", "d.yaml", seeds=(0,)), Arm("lone", "e.yaml", ("x=1",), seeds=(0,))])
+    rows = [_row("base", 0, 100, 50.0), _row("base", 1, 100, 60.0), _row("base", 2, 100, 70.0),
+            _row("off", 0, 100, 40.0), _row("off", 1, 100, 56.0), _row("off", 3, 100, 10.0),
+            _row("off", 0, 100, 99.0, sample_seed=7),  # another sample seed: not a training-seed score
+            _row("off", 0, 200, 30.0)]
+    got = {(d["arm"], d["step"]): d for d in component_deltas(spec, rows)}
+    assert set(got) == {("off", 100), ("off", 200)}  # `lone` has no plain arm of its config; `other` changes nothing
+    d = got[("off", 100)]
+    assert d["base"] == "base" and d["diffs"] == [(0, -10.0), (1, -4.0)] and d["unpaired"] == [3]
+    assert d["mean"] == pytest.approx(-7.0) and d["sd"] == pytest.approx(math.sqrt(18.0))
+    assert got[("off", 200)]["mean"] is None and got[("off", 200)]["unpaired"] == [0]
+    text = format_report(spec, rows)
+    assert "| off | `model.rope=false` | `base` | -7.0 ± 4.2 (2 seeds); base lacks s3 | pending |" in text
+
+
 def test_mean_and_sample_sd():
     mean, sd = mean_sd([10.0, 12.0, 17.0])
     assert mean == pytest.approx(13.0)

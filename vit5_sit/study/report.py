@@ -72,6 +72,73 @@ def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid") -> li
     return out
 
 
+def base_arm(spec: StudySpec, arm) -> str | None:
+    """The arm another arm changes: the one with the same config and no overrides (None for such an arm itself,
+    or when the study has no plain arm of that config)."""
+    if not arm.overrides:
+        return None
+    return next((a.name for a in spec.arms if a.config == arm.config and not a.overrides), None)
+
+
+def component_deltas(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
+    """Per (arm with overrides, step): the change against its base arm (`base_arm`), paired by training seed:
+    d_s = metric(arm, seed s) - metric(base, seed s) over the seeds both have scored (main sample seed), with
+    the mean and sample sd of the d_s. An ablation with fewer seeds than its base is so compared on its own seeds,
+    not against the base's mean over others; and where the seed fixes the data order and noise draws of both runs,
+    pairing also takes out the part of the seed-to-seed spread the two share. Seeds the base lacks are named."""
+    def scores(name: str, step: int) -> dict[int, float]:
+        return {r["seed"]: float(r[metric]) for r in rows
+                if r["arm"] == name and r["step"] == step and r["sample_seed"] == spec.eval.sample_seed
+                and isinstance(r.get(metric), int | float) and math.isfinite(r[metric])}
+
+    out = []
+    for arm in spec.arms:
+        base = base_arm(spec, arm)
+        if base is None:
+            continue
+        for step in spec.steps:
+            mine, theirs = scores(arm.name, step), scores(base, step)
+            shared = [s for s in arm.seeds if s in mine and s in theirs]
+            diffs = [(s, mine[s] - theirs[s]) for s in shared]
+            entry = {"arm": arm.name, "base": base, "step": step, "diffs": diffs, "mean": None, "sd": None,
+                     "unpaired": [s for s in arm.seeds if s in mine and s not in theirs]}
+            if diffs:
+                entry["mean"], entry["sd"] = mean_sd([d for _, d in diffs])
+            out.append(entry)
+    return out
+
+
+def _delta_cell(entry: dict) -> str:
+    if entry["mean"] is None:
+        return "pending"
+    text = f"{entry['mean']:+.1f}"
+    if entry["sd"] is not None:
+        text += f" ± {entry['sd']:.1f}"
+    text += f" ({len(entry['diffs'])} seed{'s' if len(entry['diffs']) > 1 else ''})"
+    if entry["unpaired"]:
+        text += f"; base lacks {', '.join(f's{s}' for s in entry['unpaired'])}"
+    return text
+
+
+def _component_lines(spec: StudySpec, rows: list[dict]) -> list[str]:
+    deltas = component_deltas(spec, rows)
+    if not deltas:
+        return []
+    lines = ["## Components (FID change against the base arm, paired by training seed)", "",
+             "Each arm that changes a base arm (same config, no overrides): the mean ± sd over training seeds of "
+             "FID(arm, seed) - FID(base, seed), on the seeds both have. Negative: the change lowers FID (better).",
+             "", "| arm | change | base | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
+             "|---|---|---|" + "---:|" * len(spec.steps)]
+    labels = {a.name: a for a in spec.arms}
+    for name in dict.fromkeys(d["arm"] for d in deltas):
+        cells = [_delta_cell(d) for d in deltas if d["arm"] == name]
+        arm = labels[name]
+        base = next(d["base"] for d in deltas if d["arm"] == name)
+        lines.append(f"| {arm.label or arm.name} | {' '.join(f'`{o}`' for o in arm.overrides)} | `{base}` | "
+                     + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def decide(spec: StudySpec, rows: list[dict]) -> dict | None:
     """Apply the study's pre-registered decision rule (`DecisionSpec`) to the FID rows; None without a rule.
 
@@ -182,6 +249,7 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
             over = " ".join(f"`{o}`" for o in arm.overrides)
             lines.append(f"| {arm.label} | {base} {over} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _component_lines(spec, rows)
     noise = sampling_noise(spec, rows)
     if noise:
         lines += ["## Sampling noise (FID)", "",

@@ -283,7 +283,8 @@ def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid
         steps = np.array([a["step"] for a in agg])
         mean = np.array([a["mean"] for a in agg])
         sd = np.array([a["sd"] or 0.0 for a in agg])
-        n = min(a["n"] for a in agg)
+        most, fewest = max(agg, key=lambda a: a["n"]), min(agg, key=lambda a: a["n"])
+        n = str(most["n"]) if most["n"] == fewest["n"] else f"{most['n']}; {fewest['n']} at {fewest['step']:,}"
         ax.plot(steps, mean, marker="o", color=color, label=f"{arm.label} (n={n})")
         ax.fill_between(steps, mean - sd, mean + sd, color=color, alpha=0.15)
         for a in agg:

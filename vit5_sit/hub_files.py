@@ -9,6 +9,7 @@ without importing the module that imports it: the dependency runs one way, check
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from vit5_sit.checks import ModelLoadError, path_problem, shown
@@ -21,6 +22,36 @@ MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, METRICS_FILE)  # what is do
 LIBRARY_NAME = "vit5-sit"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # the shape OWNER/NAME; `repo_id_problem` has the rules
 _REPO_PART = re.compile(r"^\w(?:[\w.-]{0,94}\w)?$", re.ASCII)  # the Hub's rule for the owner and the name
+
+
+def network_error_types() -> tuple[type[BaseException], ...]:
+    """What a Hub call raises when the network or the server fails: OSError (requests' errors are OSErrors),
+    huggingface_hub's HTTP errors, and the error base class of the HTTP client it uses (huggingface_hub 1.x:
+    httpx; 2.x: httpx2; a bad HF_ENDPOINT: their InvalidURL). Read from the modules already imported, so
+    nothing is imported for it."""
+    types: list[type[BaseException]] = [OSError]
+    for module_name in ("httpx2", "httpx"):
+        module = sys.modules.get(module_name)
+        types += [getattr(module, n) for n in ("HTTPError", "InvalidURL") if hasattr(module, n)]
+    return tuple(types)
+
+
+def network_failure(e: BaseException) -> str:
+    """One line for a failed Hub request: the endpoint when it could not be reached, and the cause."""
+    from huggingface_hub import constants
+
+    text = str(e).strip()
+    cause = f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+    unreachable: list[type[BaseException]] = [ConnectionError, TimeoutError]  # builtins (socket errors)
+    client_errors = ("TransportError", "InvalidURL")
+    for module_name, names in (("httpx2", client_errors), ("httpx", client_errors),
+                               ("requests", ("ConnectionError", "Timeout"))):
+        module = sys.modules.get(module_name)
+        unreachable += [getattr(module, n) for n in names if hasattr(module, n)]
+    if not isinstance(e, tuple(unreachable)):  # e.g. no token (an OSError), a file that could not be read
+        return cause
+    return (f"cannot reach {constants.ENDPOINT} ({cause}); check the network connection (or HF_ENDPOINT) and run "
+            "the same command again")
 
 
 def repo_id_problem(repo_id: str) -> str | None:
@@ -103,9 +134,11 @@ def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str 
             f"{prefix}offline ({why}) and {name} is not in the Hugging Face cache ({cache}). On a connected "
             f"machine run `hf download {repo_id}` and copy the cache folder here (or point HF_HUB_CACHE at "
             "it), or pass a local model folder") from None
-    except (HfHubHTTPError, OSError) as e:
+    except HfHubHTTPError as e:  # the server answered with an error
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"{short}download failed: {first}") from None
+    except network_error_types() as e:  # the connection failed (httpx2/httpx/requests errors, timeouts)
+        raise ModelLoadError(f"{short}download failed: {network_failure(e)}") from None
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
         raise ModelLoadError(f"{short}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "

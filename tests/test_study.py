@@ -3,6 +3,7 @@ real study (two arms, two seeds, a few steps) trained, evaluated, reported, and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -68,7 +69,7 @@ def test_aggregate_names_missing_seeds_instead_of_dropping_them():
     assert agg["b", 100]["values"] == [20.0] and agg["b", 100]["sd"] is None
     assert agg["b", 200]["n"] == 0 and agg["b", 200]["mean"] is None
     table = format_report(spec, rows)
-    assert "13.0 ± 3.6 |" in table
+    assert "13.0 ± 3.6 (3 seeds) |" in table
     assert "7.0 ± 1.4 (2/3 seeds; missing s1)" in table
     assert "20.0 (1/2 seeds; missing s1)" in table
     assert "pending" in table
@@ -276,13 +277,17 @@ def test_evaluation_plan_with_and_without_the_sampling_noise_rescoring():
     from vit5_sit.study.runner import evaluation_plan
 
     spec = _spec([Arm("a", "c.yaml", seeds=(0, 1))], steps=(100, 200), noise_seed=7)
-    full = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec)]
+    full = [(a.name, seed, step, s) for a, seed, step, s, _ in evaluation_plan(spec)]
     assert ("a", 0, 100, 7) in full and ("a", 1, 100, 7) not in full  # noise_training_seeds defaults to [0]
     assert len(full) == 6
-    main_only = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec, noise=False)]
+    main_only = [(a.name, seed, step, s) for a, seed, step, s, _ in evaluation_plan(spec, noise=False)]
     assert main_only == [x for x in full if x[3] == 0] and len(main_only) == 4
-    part = [(a.name, seed, step, s) for a, seed, step, s in evaluation_plan(spec, False, None, [1], [200])]
-    assert part == [("a", 1, 200, 0)]
+    part = [(a.name, seed, step, s, c) for a, seed, step, s, c in evaluation_plan(spec, False, None, [1], [200])]
+    assert part == [("a", 1, 200, 0, 1.0)]
+    guided = dataclasses.replace(spec, eval=dataclasses.replace(spec.eval, cfg_scales=(1.0, 6.0)))
+    both = [(a.name, seed, step, s, c) for a, seed, step, s, c in evaluation_plan(guided, False, None, [1], [200])]
+    assert both == [("a", 1, 200, 0, 1.0), ("a", 1, 200, 0, 6.0)]  # each checkpoint unguided and guided
+    assert len(evaluation_plan(guided)) == 12  # the sampling noise at both scales too
     with pytest.raises(StudyError, match="--steps 300: not a step the study evaluates; steps: 100, 200"):
         evaluation_plan(spec, steps=[300])
 

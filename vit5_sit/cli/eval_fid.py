@@ -52,18 +52,6 @@ from vit5_sit.checks import (
     room_for,
     seed_flag,
 )
-from vit5_sit.eval import (
-    EvalError,
-    InceptionWeightsError,
-    compute_reference,
-    evaluate,
-    format_markdown,
-    load_inception,
-    open_images,
-    open_reference,
-    parse_metrics,
-)
-from vit5_sit.eval.evaluation import reference_file_bytes
 from vit5_sit.interrupt import stops_cleanly
 from vit5_sit.utils import atomic_write_text
 
@@ -72,6 +60,8 @@ COMPARE_MAX_SAMPLES = 10_000  # compare's default sample count: the reference's 
 
 def _flag(flag: str, fn, *args):
     """Run fn(*args); an input error comes back naming the flag, e.g. '--samples: no images found in X'."""
+    from vit5_sit.eval import EvalError  # the evaluation code (torch) is imported only once a command runs
+
     try:
         return fn(*args)
     except EvalError as e:
@@ -91,6 +81,8 @@ def _add_inception_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_inception(args):
+    from vit5_sit.eval import InceptionWeightsError, load_inception
+
     args.device = parse_device(args.device)
     try:
         return load_inception(args.inception_weights, args.device)
@@ -100,6 +92,9 @@ def _load_inception(args):
 
 
 def cmd_ref(args) -> int:
+    from vit5_sit.eval import compute_reference, open_reference, parse_metrics
+    from vit5_sit.eval.evaluation import reference_file_bytes
+
     output_file(args.out, "--out")
     images = _flag("--data", open_reference, args.data)
     if images.images is None:
@@ -122,6 +117,8 @@ def cmd_ref(args) -> int:
 
 
 def cmd_calc(args) -> int:
+    from vit5_sit.eval import evaluate, format_markdown, open_images, open_reference, parse_metrics
+
     if args.json is not None:
         output_file(args.json, "--json")
     chosen = _flag("--metrics", parse_metrics, args.metrics)
@@ -138,6 +135,7 @@ def cmd_calc(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from vit5_sit.eval import InceptionWeightsError, open_reference, parse_metrics
     from vit5_sit.eval.compare import CompareSettings, compare_runs, run_sampler
 
     metrics = _flag("--metrics", parse_metrics, args.metrics)
@@ -244,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
 @stops_cleanly("interrupted: no half-written file is left (`ref` and `calc` write theirs when done, `compare` "
                "keeps every checkpoint it finished in its caches); run the same command again to continue")
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # before any heavy import: --help and usage errors answer at once
+    from vit5_sit.eval import EvalError
+
     try:
         return args.func(args)
     except (UsageError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback

@@ -47,6 +47,7 @@ from vit5_sit.checks import (
     storage_failure,
 )
 from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
+from vit5_sit.interrupt import quiet_when_piped
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
@@ -376,6 +377,7 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
     return num_samples if finished_now else 0  # 0: it was complete already, or max_parts stopped it
 
 
+@quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
     from vit5_sit.interrupt import sigterm_as_ctrl_c
 

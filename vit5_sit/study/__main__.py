@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..checks import UsageError, path_text, positive_int, storage_failure, writable_folder
-from ..interrupt import Interrupted, sigterm_as_ctrl_c
+from ..interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
 
@@ -84,6 +84,7 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                     f"{_HINTS.get(dest, '')}")
 
 
+@quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

@@ -6,7 +6,13 @@ averaged silently as if they were complete.
 
 The committed ``study.json`` is the durable record: the run folders (checkpoints, evaluation caches) stay out of
 git and may be gone (a new machine, a cleaned disk), so a report keeps every score of the earlier ``study.json``
-that the evaluations at hand do not redo, provided it was made under the same evaluation settings.
+that the evaluations at hand do not redo, provided it was made under the same evaluation settings (sampler,
+sample count, reference; each row carries its own sample seed and guidance scale, and a row of an earlier file
+without a guidance scale was scored at that file's ``eval.cfg_scale``). A metric added to the study later (sFID,
+digit accuracy) is simply absent from the earlier rows, and the tables say "not measured" for them.
+
+Every table, the component table, the sampling noise and the decision are given per guidance scale
+(``eval.cfg_scales``: unguided and guided are decided separately).
 """
 
 from __future__ import annotations
@@ -21,9 +27,36 @@ from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .spec import StudyError, StudySpec
 
-_KEY = ("arm", "seed", "step", "sample_seed")  # one evaluation
+_KEY = ("arm", "seed", "step", "sample_seed", "cfg_scale")  # one evaluation
 KEPT = "kept_from"  # the row field that marks a score taken from the earlier study.json
-METRIC_LABELS = {"fid": "FID", "precision": "precision", "recall": "recall", "is": "IS", "kid": "KID"}
+METRIC_LABELS = {"fid": "FID", "sfid": "sFID", "precision": "precision", "recall": "recall", "is": "IS",
+                 "kid": "KID", "digit_accuracy": "digit accuracy"}
+_DIGITS = {"fid": 1, "sfid": 1, "is": 2}  # decimals shown; 3 for the others (shares, KID)
+# The evaluation settings a saved score depends on besides its own row's sample seed and guidance scale: scores
+# made under others are not mixed in. (The metric list is not one: a metric added later is absent from old rows.)
+SCORE_SETTINGS = ("num_samples", "mode", "method", "steps", "reference_data")
+
+
+def row_cfg(spec: StudySpec, row: dict) -> float:
+    """The guidance scale a row was scored at (a row without one: the study's first scale)."""
+    return float(row.get("cfg_scale", spec.eval.cfg_scales[0]))
+
+
+def guidance_label(scale: float) -> str:
+    return "unguided (cfg 1)" if scale == 1 else f"guided (cfg {scale:g})"
+
+
+def _scale(spec: StudySpec, cfg_scale: float | None) -> float:
+    return spec.eval.cfg_scales[0] if cfg_scale is None else float(cfg_scale)
+
+
+def _main_rows(spec: StudySpec, rows: list[dict], scale: float) -> list[dict]:
+    """The rows of the main sample seed at one guidance scale: the training-seed scores."""
+    return [r for r in rows if r["sample_seed"] == spec.eval.sample_seed and row_cfg(spec, r) == scale]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float | None]:
@@ -32,18 +65,22 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
     return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
 
 
-def aggregate(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
-    """One entry per (arm, step): mean, sd, n over training seeds (main sample seeds only), missing seeds."""
+def aggregate(spec: StudySpec, rows: list[dict], metric: str = "fid", cfg_scale: float | None = None) -> list[dict]:
+    """One entry per (arm, step) at one guidance scale (default: the first): mean, sd, n over training seeds (main
+    sample seeds only), the missing seeds and the ``unmeasured`` ones (scored, but before the metric was added)."""
+    scale = _scale(spec, cfg_scale)
+    mine = _main_rows(spec, rows, scale)
     out = []
     for arm in spec.arms:
         for step in spec.steps:
-            by_seed = {r["seed"]: r[metric] for r in rows
-                       if r["arm"] == arm.name and r["step"] == step and r["sample_seed"] == spec.eval.sample_seed
-                       and isinstance(r.get(metric), int | float) and math.isfinite(r[metric])}
+            cell = [r for r in mine if r["arm"] == arm.name and r["step"] == step]
+            by_seed = {r["seed"]: r[metric] for r in cell if _finite(r.get(metric))}
+            unmeasured = {r["seed"] for r in cell if r.get(metric) is None}
             values = [by_seed[s] for s in arm.seeds if s in by_seed]
-            entry = {"arm": arm.name, "label": arm.label, "step": step, "metric": metric, "n": len(values),
-                     "of": len(arm.seeds), "seeds": [s for s in arm.seeds if s in by_seed],
-                     "missing": [s for s in arm.seeds if s not in by_seed], "values": values,
+            entry = {"arm": arm.name, "label": arm.label, "step": step, "metric": metric, "cfg_scale": scale,
+                     "n": len(values), "of": len(arm.seeds), "seeds": [s for s in arm.seeds if s in by_seed],
+                     "missing": [s for s in arm.seeds if s not in by_seed and s not in unmeasured],
+                     "unmeasured": [s for s in arm.seeds if s in unmeasured and s not in by_seed], "values": values,
                      "mean": None, "sd": None}
             if values:
                 entry["mean"], entry["sd"] = mean_sd(values)
@@ -51,24 +88,28 @@ def aggregate(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[di
     return out
 
 
-def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
-    """Per (arm, step): the same checkpoints scored with two sets of sample seeds; the pooled per-estimate
-    standard deviation sqrt(mean(d^2) / 2) of their differences d."""
+def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid",
+                   cfg_scale: float | None = None) -> list[dict]:
+    """Per (arm, step) at one guidance scale: the same checkpoints scored with two sets of sample seeds; the
+    pooled per-estimate standard deviation sqrt(mean(d^2) / 2) of their differences d."""
     out = []
     if spec.eval.noise_seed is None:
         return out
+    scale = _scale(spec, cfg_scale)
     for arm in spec.arms:
         for step in spec.steps:
             pairs = []
             for seed in arm.seeds:
                 got = {r["sample_seed"]: r.get(metric) for r in rows
-                       if r["arm"] == arm.name and r["seed"] == seed and r["step"] == step}
+                       if r["arm"] == arm.name and r["seed"] == seed and r["step"] == step
+                       and row_cfg(spec, r) == scale}
                 a, b = got.get(spec.eval.sample_seed), got.get(spec.eval.noise_seed)
-                if isinstance(a, int | float) and isinstance(b, int | float):
+                if _finite(a) and _finite(b):
                     pairs.append((seed, a, b))
             if pairs:
                 d = np.array([a - b for _, a, b in pairs])
-                out.append({"arm": arm.name, "step": step, "pairs": pairs, "sd": float(np.sqrt(np.mean(d**2) / 2))})
+                out.append({"arm": arm.name, "step": step, "cfg_scale": scale, "pairs": pairs,
+                            "sd": float(np.sqrt(np.mean(d**2) / 2))})
     return out
 
 
@@ -80,16 +121,19 @@ def base_arm(spec: StudySpec, arm) -> str | None:
     return next((a.name for a in spec.arms if a.config == arm.config and not a.overrides), None)
 
 
-def component_deltas(spec: StudySpec, rows: list[dict], metric: str = "fid") -> list[dict]:
+def component_deltas(spec: StudySpec, rows: list[dict], metric: str = "fid",
+                     cfg_scale: float | None = None) -> list[dict]:
     """Per (arm with overrides, step): the change against its base arm (`base_arm`), paired by training seed:
     d_s = metric(arm, seed s) - metric(base, seed s) over the seeds both have scored (main sample seed), with
     the mean and sample sd of the d_s. An ablation with fewer seeds than its base is so compared on its own seeds,
     not against the base's mean over others; and where the seed fixes the data order and noise draws of both runs,
-    pairing also takes out the part of the seed-to-seed spread the two share. Seeds the base lacks are named."""
+    pairing also takes out the part of the seed-to-seed spread the two share. Seeds the base lacks are named.
+    At one guidance scale (default: the first)."""
+    scored = _main_rows(spec, rows, _scale(spec, cfg_scale))
+
     def scores(name: str, step: int) -> dict[int, float]:
-        return {r["seed"]: float(r[metric]) for r in rows
-                if r["arm"] == name and r["step"] == step and r["sample_seed"] == spec.eval.sample_seed
-                and isinstance(r.get(metric), int | float) and math.isfinite(r[metric])}
+        return {r["seed"]: float(r[metric]) for r in scored
+                if r["arm"] == name and r["step"] == step and _finite(r.get(metric))}
 
     out = []
     for arm in spec.arms:
@@ -120,11 +164,11 @@ def _delta_cell(entry: dict) -> str:
     return text
 
 
-def _component_lines(spec: StudySpec, rows: list[dict]) -> list[str]:
-    deltas = component_deltas(spec, rows)
+def _component_lines(spec: StudySpec, rows: list[dict], scale: float) -> list[str]:
+    deltas = component_deltas(spec, rows, cfg_scale=scale)
     if not deltas:
         return []
-    lines = ["## Components (FID change against the base arm, paired by training seed)", "",
+    lines = [f"### Components, {guidance_label(scale)}: FID change against the base arm, paired by training seed", "",
              "Each arm that changes a base arm (same config, no overrides): the mean ± sd over training seeds of "
              "FID(arm, seed) - FID(base, seed), on the seeds both have. Negative: the change lowers FID (better).",
              "", "| arm | change | base | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
@@ -139,24 +183,31 @@ def _component_lines(spec: StudySpec, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def decide(spec: StudySpec, rows: list[dict]) -> dict | None:
-    """Apply the study's pre-registered decision rule (`DecisionSpec`) to the FID rows; None without a rule.
+def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) -> dict | None:
+    """Apply the study's pre-registered decision rule (`DecisionSpec`) to the FID rows of one guidance scale
+    (default: the first); None without a rule.
 
     The step is the last one at which the reference arm and at least one other candidate have ``min_seeds``
     scored training seeds; candidates with fewer seeds there are listed as not included. The best candidate
     (lowest mean) replaces the reference only if its lead exceeds sqrt(sd_best^2 + sd_reference^2).
-    Returns {"step", "ranking": [(arm, mean, sd, n)], "winner", "resolved", "lead", "margin",
-    "excluded": [arm], "baseline": (arm, mean, sd, n) | None}; "step" is None when no step qualifies yet.
+    Returns {"cfg_scale", "step", "ranking": [(arm, mean, sd, n)], "winner", "resolved", "lead", "margin",
+    "excluded": [arm], "baseline": (arm, mean, sd, n) | None, "last_step", "needs": [(arm, n)]}; "step" is None
+    when no step qualifies yet. "needs": the candidates with fewer than ``min_seeds`` seeds at the study's last
+    step (with the seeds they have): while it is not empty, the verdict is not the final one.
     """
     rule = spec.decision
     if rule is None:
         return None
-    agg = {(a["arm"], a["step"]): a for a in aggregate(spec, rows, "fid")}
+    scale = _scale(spec, cfg_scale)
+    agg = {(a["arm"], a["step"]): a for a in aggregate(spec, rows, "fid", scale)}
     enough = {(arm, step) for (arm, step), a in agg.items() if a["n"] >= rule.min_seeds}
     steps = [st for st in spec.steps if (rule.reference, st) in enough
              and any((c, st) in enough for c in rule.candidates if c != rule.reference)]
-    out = {"step": None, "reference": rule.reference, "min_seeds": rule.min_seeds, "ranking": [], "winner":
-           rule.reference, "resolved": False, "lead": None, "margin": None, "excluded": [], "baseline": None}
+    last = spec.max_steps
+    out = {"cfg_scale": scale, "step": None, "reference": rule.reference, "min_seeds": rule.min_seeds,
+           "ranking": [], "winner": rule.reference, "resolved": False, "lead": None, "margin": None, "excluded": [],
+           "baseline": None, "last_step": last,
+           "needs": [(c, agg[c, last]["n"]) for c in rule.candidates if (c, last) not in enough]}
     if not steps:
         out["excluded"] = list(rule.candidates)
         return out
@@ -178,105 +229,166 @@ def decide(spec: StudySpec, rows: list[dict]) -> dict | None:
     return out
 
 
+def _needs_text(d: dict) -> str:
+    return (f"not decided yet: needs {d['min_seeds']} seeds at step {d['last_step']:,} of "
+            + ", ".join(f"`{arm}` (has {n})" for arm, n in d["needs"]))
+
+
+def verdict(spec: StudySpec, d: dict) -> str:
+    """The decision of one guidance scale in plain words, with what is still missing for the final one."""
+    ref = d["reference"]
+    if d["step"] is None:
+        return f"{guidance_label(d['cfg_scale']).capitalize()}: {_needs_text(d)}."
+    best = d["ranking"][0][0]
+    where = f"at step {d['step']:,} ({len(d['ranking'])} candidates with ≥ {d['min_seeds']} seeds)"
+    if best == ref:
+        text = f"`{ref}` stays the preset: the lowest mean FID {where}"
+    elif d["resolved"]:
+        text = (f"`{best}` replaces `{ref}`: {d['lead']:.1f} FID ahead {where}, more than the combined "
+                f"training-seed sd {d['margin']:.1f}")
+    else:
+        text = (f"`{ref}` stays the preset: `{best}` is {d['lead']:.1f} FID ahead {where}, within the combined "
+                f"training-seed sd {d['margin']:.1f}")
+    if d["needs"]:
+        text += f"; provisional, {_needs_text(d)}"
+    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}."
+
+
 def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
     rule = spec.decision
-    lines = ["## Decision (the pre-registered rule, applied to the table)", "",
+    lines = [f"### Decision, {guidance_label(d['cfg_scale'])} (the pre-registered rule, applied to the table)", "",
              f"Candidates: {', '.join(rule.candidates)}; the default stays `{rule.reference}` unless the best "
              f"candidate's lead in mean FID exceeds sqrt(sd_best² + sd_{rule.reference}²), at the last step where "
              f"`{rule.reference}` and another candidate have ≥ {rule.min_seeds} training seeds.", ""]
     if d["step"] is None:
         return lines + [f"**Not decidable yet**: no step has ≥ {rule.min_seeds} seeds for `{rule.reference}` "
-                        "and another candidate.", ""]
+                        f"and another candidate; {_needs_text(d)}.", ""]
     lines += [f"Step {d['step']:,}:", "", "| rank | arm | FID mean ± sd | seeds |", "|---:|---|---:|---:|"]
     for i, (arm, mean, sd, n) in enumerate(d["ranking"], 1):
         lines.append(f"| {i} | `{arm}` | {mean:.1f} ± {sd:.1f} | {n} |")
     best = d["ranking"][0][0]
     if best == rule.reference:
-        verdict = f"**`{rule.reference}` stays**: it has the lowest mean FID."
+        text = f"**`{rule.reference}` stays**: it has the lowest mean FID."
     elif d["resolved"]:
-        verdict = (f"**`{best}` wins**: {d['lead']:.1f} FID ahead of `{rule.reference}`, more than the combined "
-                   f"training-seed sd {d['margin']:.1f}.")
+        text = (f"**`{best}` wins**: {d['lead']:.1f} FID ahead of `{rule.reference}`, more than the combined "
+                f"training-seed sd {d['margin']:.1f}.")
     else:
-        verdict = (f"**Not resolved**: `{best}` is {d['lead']:.1f} FID ahead of `{rule.reference}`, within the "
-                   f"combined training-seed sd {d['margin']:.1f}; `{rule.reference}` stays the default.")
-    lines += ["", verdict]
+        text = (f"**Not resolved**: `{best}` is {d['lead']:.1f} FID ahead of `{rule.reference}`, within the "
+                f"combined training-seed sd {d['margin']:.1f}; `{rule.reference}` stays the default.")
+    lines += ["", text]
     if d["baseline"]:
         arm, mean, sd, n = d["baseline"]
         lines.append(f"Baseline `{arm}` at the same step: {mean:.1f} ± {sd:.1f} ({n} seeds).")
     if d["excluded"]:
         lines.append(f"Not included (fewer than {rule.min_seeds} seeds at step {d['step']:,}): "
                      f"{', '.join(f'`{c}`' for c in d['excluded'])}.")
+    lines.append(f"Final at the study's last step {d['last_step']:,}: every candidate has ≥ {rule.min_seeds} seeds "
+                 "there." if not d["needs"] else f"Provisional: {_needs_text(d)}.")
     return lines + [""]
+
+
+def _seed_list(seeds: list[int]) -> str:
+    return ", ".join(f"s{s}" for s in seeds)
 
 
 def _cell(entry: dict, digits: int) -> str:
     if entry["mean"] is None:
+        if entry["unmeasured"]:
+            return f"not measured ({_seed_list(entry['unmeasured'])} scored before it was added)"
         return "pending"
     text = f"{entry['mean']:.{digits}f}"
     if entry["sd"] is not None:
         text += f" ± {entry['sd']:.{digits}f}"
     if entry["n"] < entry["of"]:
-        text += f" ({entry['n']}/{entry['of']} seeds; missing {', '.join(f's{s}' for s in entry['missing'])})"
-    return text
+        notes = [f"{entry['n']}/{entry['of']} seeds"]
+        if entry["missing"]:
+            notes.append(f"missing {_seed_list(entry['missing'])}")
+        if entry["unmeasured"]:
+            notes.append(f"{_seed_list(entry['unmeasured'])} not measured")
+        return text + f" ({'; '.join(notes)})"
+    return text + f" ({entry['n']} seed{'s' * (entry['n'] > 1)})"
+
+
+def _metric_tables(spec: StudySpec, rows: list[dict], scale: float) -> list[str]:
+    lines = []
+    for metric in spec.eval.metrics:
+        agg = aggregate(spec, rows, metric, scale)
+        lines += [f"### {METRIC_LABELS.get(metric, metric)}, {guidance_label(scale)}", "",
+                  "| arm | overrides | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
+                  "|---|---|" + "---:|" * len(spec.steps)]
+        for arm in spec.arms:
+            cells = [_cell(a, _DIGITS.get(metric, 3)) for a in agg if a["arm"] == arm.name]
+            base = Path(arm.config).name
+            over = " ".join(f"`{o}`" for o in arm.overrides)
+            lines.append(f"| {arm.label} | {base} {over} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def format_report(spec: StudySpec, rows: list[dict]) -> str:
     """The markdown of study.md."""
     e = spec.eval
     ref = spec.reference_path
+    scales = ", ".join(guidance_label(c) for c in e.cfg_scales)
     lines = [
         f"# Study {spec.name}: mean ± sd over training seeds",
         "",
         f"{e.num_samples} samples per checkpoint (seeds {e.sample_seed}..{e.sample_seed + e.num_samples - 1}, "
-        f"classes balanced), sampler {e.mode}/{e.method} {e.steps} steps, cfg scale {e.cfg_scale:g}; reference: "
-        f"every image of `{e.reference_data}` (`{ref.name}`). sd is the sample standard deviation over training "
-        "seeds (n - 1); a cell with fewer seeds than planned names the missing ones.",
+        f"classes balanced), sampler {e.mode}/{e.method} {e.steps} steps, each checkpoint at every guidance scale: "
+        f"{scales}; reference: every image of `{e.reference_data}` (`{ref.name}`). Metrics: "
+        f"{', '.join(METRIC_LABELS.get(m, m) for m in e.metrics)}"
+        + (" (digit accuracy: the share of samples the digit classifier reads as the digit asked for)"
+           if "digit_accuracy" in e.metrics else "")
+        + ". sd is the sample standard deviation over training seeds (n - 1), with the seed count beside it; a cell "
+        "with fewer seeds than planned names the missing ones, and a metric added after a cell was scored is "
+        "'not measured' there.",
         "",
     ]
     kept = sum(1 for r in rows if r.get(KEPT))
     if kept:
         lines += [f"{kept} of the {len(rows)} scores are kept from the earlier `study.json` (their run folders "
                   "are not on the machine that wrote this report).", ""]
-    for metric in e.metrics:
-        digits = 1 if metric == "fid" else 3
-        agg = aggregate(spec, rows, metric)
-        lines += [f"## {METRIC_LABELS.get(metric, metric)}", "",
-                  "| arm | overrides | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
-                  "|---|---|" + "---:|" * len(spec.steps)]
-        for arm in spec.arms:
-            cells = [_cell(a, digits) for a in agg if a["arm"] == arm.name]
-            base = Path(arm.config).name
-            over = " ".join(f"`{o}`" for o in arm.overrides)
-            lines.append(f"| {arm.label} | {base} {over} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += _component_lines(spec, rows)
-    noise = sampling_noise(spec, rows)
-    if noise:
-        lines += ["## Sampling noise (FID)", "",
-                  f"The same checkpoints scored with a second set of sample seeds ({e.noise_seed}.."
-                  f"{e.noise_seed + e.num_samples - 1}); sd = sqrt(mean(d^2)/2) of the differences d, to set "
-                  "beside the training-seed sd above.", "",
-                  "| arm | step | FID, seeds A / B (per training seed) | sampling sd |", "|---|---:|---|---:|"]
-        for n in noise:
-            pairs = "; ".join(f"s{s}: {a:.1f} / {b:.1f}" for s, a, b in n["pairs"])
-            lines.append(f"| {n['arm']} | {n['step']:,} | {pairs} | {n['sd']:.2f} |")
-        lines.append("")
-    decision = decide(spec, rows)
-    if decision is not None:
-        lines += _decision_lines(spec, decision)
+    decisions = [decide(spec, rows, c) for c in e.cfg_scales] if spec.decision is not None else []
+    if decisions:
+        lines += ["## Verdict", ""] + [f"- {verdict(spec, d)}" for d in decisions] + [""]
+    for scale in e.cfg_scales:
+        lines += [f"## {guidance_label(scale).capitalize()}", ""]
+        lines += _metric_tables(spec, rows, scale)
+        lines += _component_lines(spec, rows, scale)
+        noise = sampling_noise(spec, rows, cfg_scale=scale)
+        if noise:
+            lines += [f"### Sampling noise (FID), {guidance_label(scale)}", "",
+                      f"The same checkpoints scored with a second set of sample seeds ({e.noise_seed}.."
+                      f"{e.noise_seed + e.num_samples - 1}); sd = sqrt(mean(d^2)/2) of the differences d, to set "
+                      "beside the training-seed sd above.", "",
+                      "| arm | step | FID, seeds A / B (per training seed) | sampling sd |", "|---|---:|---|---:|"]
+            for n in noise:
+                pairs = "; ".join(f"s{s}: {a:.1f} / {b:.1f}" for s, a, b in n["pairs"])
+                lines.append(f"| {n['arm']} | {n['step']:,} | {pairs} | {n['sd']:.2f} |")
+            lines.append("")
+        for d in decisions:
+            if d["cfg_scale"] == scale:
+                lines += _decision_lines(spec, d)
     return "\n".join(lines)
 
 
-def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid") -> None:
+def _suffix(spec: StudySpec, scale: float) -> str:
+    """File-name suffix of a guidance scale's plot and grids: none for the first (the names of before)."""
+    return "" if scale == spec.eval.cfg_scales[0] else f"_cfg{scale:g}"
+
+
+def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid",
+               cfg_scale: float | None = None) -> None:
     """Mean over training seeds against step, one line per arm, a band of ± one sd, each seed as a dot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    scale = _scale(spec, cfg_scale)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for i, arm in enumerate(spec.arms):
-        agg = [a for a in aggregate(spec, rows, metric) if a["arm"] == arm.name and a["mean"] is not None]
+        agg = [a for a in aggregate(spec, rows, metric, scale) if a["arm"] == arm.name and a["mean"] is not None]
         if not agg:
             continue
         color = plt.cm.tab20(i % 20)
@@ -291,7 +403,7 @@ def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid
             ax.scatter([a["step"]] * len(a["values"]), a["values"], color=color, s=8, alpha=0.6)
     ax.set_xlabel("training step")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric) + f"-{spec.eval.num_samples}")
-    ax.set_title(f"{spec.name}: mean ± sd over training seeds", fontsize=10)
+    ax.set_title(f"{spec.name}, {guidance_label(scale)}: mean ± sd over training seeds", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -300,14 +412,17 @@ def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid
     plt.close(fig)
 
 
-def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: int = 8) -> list[Path]:
-    """One grid per arm: the first ``per_class`` evaluation samples of each class at the arm's latest step
-    (first training seed that has it), taken from the evaluation .npz (nothing is sampled again)."""
+def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: int = 8,
+                   cfg_scale: float | None = None) -> list[Path]:
+    """One grid per arm at one guidance scale (default: the first; grid_<arm>.png, others grid_<arm>_cfg<s>.png):
+    the first ``per_class`` evaluation samples of each class at the arm's latest step (first training seed that
+    has it), taken from the evaluation .npz (nothing is sampled again)."""
     from vit5_sit.generate import save_labelled_grid
 
+    scale = _scale(spec, cfg_scale)
     written = []
     for arm in spec.arms:
-        mine = [r for r in rows if r["arm"] == arm.name and r["sample_seed"] == spec.eval.sample_seed]
+        mine = [r for r in _main_rows(spec, rows, scale) if r["arm"] == arm.name]
         if not mine:
             continue
         best = max(mine, key=lambda r: (r["step"], -r["seed"]))
@@ -317,24 +432,25 @@ def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: 
             images, labels = data["arr_0"], data["arr_1"]
         classes = sorted(set(labels.tolist()))
         picked = np.concatenate([images[labels == c][:per_class] for c in classes])
-        path = out_dir / f"grid_{arm.name}.png"
+        path = out_dir / f"grid_{arm.name}{_suffix(spec, scale)}.png"
         save_labelled_grid(picked, path, per_class, [str(c) for c in classes])
         written.append(path)
         best["grid"] = str(path)
     return written
 
 
-def _eval_settings(spec: StudySpec) -> dict:
-    """The evaluation settings a score depends on, as study.json stores them (batch size does not matter:
-    image i has seed sample_seed + i whatever the batch)."""
-    settings = json.loads(json.dumps(spec.eval.__dict__, default=str))
-    settings.pop("batch_size", None)
-    return settings
+def _valid_row(r) -> bool:
+    return (isinstance(r, dict) and isinstance(r.get("arm"), str)
+            and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("seed", "step",
+                                                                                          "sample_seed"))
+            and (r.get("cfg_scale") is None or _finite(r["cfg_scale"])))
 
 
 def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
-    """The scores of an earlier results file ``path`` (study.json) that belong to this study: its arms, steps
-    and seeds, under the same evaluation settings; [] if there is no such file.
+    """The scores of an earlier results file ``path`` (study.json) that belong to this study: its arms, steps,
+    training seeds, sample seeds and guidance scales, under the same `SCORE_SETTINGS`; [] if there is no such
+    file. Each kept row carries its guidance scale (``cfg_scale``; a row of a file written before the study had
+    several takes that file's ``eval.cfg_scale``).
 
     A file that cannot be read as a results file is refused (`StudyError`): the report would replace it, and
     it may hold the only copy of scores whose runs are gone.
@@ -351,58 +467,76 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise StudyError(f"{path}: not a readable study results file ({e}); {fix}") from None
     rows = payload.get("rows") if isinstance(payload, dict) else None
-    if not isinstance(rows, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("arm"), str)
-            and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in _KEY[1:])
-            for r in rows):
+    if not isinstance(rows, list) or not all(_valid_row(r) for r in rows):
         raise StudyError(f"{path}: not a study results file (no list of rows with arm, seed, step and "
                          f"sample_seed); {fix}")
     settings = payload.get("eval")
-    saved = {k: v for k, v in settings.items() if k != "batch_size"} if isinstance(settings, dict) else None
-    if payload.get("study") != spec.name or saved != _eval_settings(spec):
+    same = isinstance(settings, dict) and all(settings.get(k) == getattr(spec.eval, k) for k in SCORE_SETTINGS)
+    if payload.get("study") != spec.name or not same:
         what = (f"study {payload.get('study')!r}, not {spec.name!r}" if payload.get("study") != spec.name
                 else "other evaluation settings")
         if rows:
             log(f"note: the {len(rows)} scores in {path} are of {what}: the new report does not keep them "
                 "(git keeps the old file)")
         return []
+    legacy = settings.get("cfg_scale", (settings.get("cfg_scales") or [1.0])[0])  # rows without a scale
+    if not _finite(legacy):
+        legacy = None
     arms = {a.name: set(a.seeds) for a in spec.arms}
-    kept = [r for r in rows if r["seed"] in arms.get(r["arm"], ()) and r["step"] in spec.steps]
+    sample_seeds = {spec.eval.sample_seed, spec.eval.noise_seed} - {None}
+    kept = []
+    for r in rows:
+        scale = r.get("cfg_scale", legacy)
+        if (r["seed"] in arms.get(r["arm"], ()) and r["step"] in spec.steps and r["sample_seed"] in sample_seeds
+                and scale is not None and float(scale) in spec.eval.cfg_scales):
+            kept.append({**r, "cfg_scale": float(scale)})
     if len(kept) < len(rows):
-        log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds or steps this study no longer "
-            "has: the new report does not keep them")
+        log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds, steps, sample seeds or guidance "
+            "scales this study no longer has: the new report does not keep them")
     return kept
 
 
-def merge_rows(new: list[dict], old: list[dict]) -> list[dict]:
-    """``new`` plus every row of ``old`` whose (arm, seed, step, sample_seed) ``new`` does not have, marked
-    with ``kept_from`` (a score computed now replaces the saved one)."""
-    have = {tuple(r[k] for k in _KEY) for r in new}
-    kept = [{**r, KEPT: r.get(KEPT) or "study.json"} for r in old if tuple(r[k] for k in _KEY) not in have]
+def _row_key(spec: StudySpec | None, r: dict) -> tuple:
+    scale = row_cfg(spec, r) if spec is not None else r.get("cfg_scale")
+    return (r["arm"], r["seed"], r["step"], r["sample_seed"], scale)
+
+
+def merge_rows(new: list[dict], old: list[dict], spec: StudySpec | None = None) -> list[dict]:
+    """``new`` plus every row of ``old`` whose (arm, seed, step, sample_seed, cfg_scale) ``new`` does not have,
+    marked with ``kept_from`` (a score computed now replaces the saved one)."""
+    have = {_row_key(spec, r) for r in new}
+    kept = [{**r, KEPT: r.get(KEPT) or "study.json"} for r in old if _row_key(spec, r) not in have]
     return list(new) + kept
 
 
 def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None = None, *,
                  keep_saved: bool = True, log=print) -> Path:
-    """study.md, study.json, fid_vs_step.png and the grids in the results folder; returns study.md's path.
+    """study.md, study.json, the FID-vs-step plots (fid_vs_step.png; fid_vs_step_cfg<s>.png for the other guidance
+    scales) and the grids in the results folder; returns study.md's path.
 
     ``keep_saved``: the scores of the folder's earlier study.json that ``rows`` does not redo stay in the
     report (`saved_rows`): a run folder that is gone does not take its scores with it."""
     out = Path(out_dir or spec.results_dir)
+    rows = [{**r, "cfg_scale": row_cfg(spec, r)} for r in rows]
     if keep_saved:
-        rows = merge_rows(rows, saved_rows(spec, out / "study.json", log))
+        rows = merge_rows(rows, saved_rows(spec, out / "study.json", log), spec)
     order = {a.name: i for i, a in enumerate(spec.arms)}
-    rows = sorted(rows, key=lambda r: (order.get(r["arm"], len(order)), *(r[k] for k in _KEY[1:])))
+    rows = sorted(rows, key=lambda r: (order.get(r["arm"], len(order)), *_row_key(spec, r)[1:]))
     out.mkdir(parents=True, exist_ok=True)
-    save_arm_grids(spec, rows, out)
+    for scale in spec.eval.cfg_scales:
+        save_arm_grids(spec, rows, out, cfg_scale=scale)
     atomic_write_text(out / "study.md", format_report(spec, rows))
+    scales = spec.eval.cfg_scales
     payload = {"study": spec.name, "steps": list(spec.steps), "eval": spec.eval.__dict__,
                "arms": [{"name": a.name, "label": a.label, "config": a.config, "overrides": list(a.overrides),
                          "seeds": list(a.seeds)} for a in spec.arms],
-               "aggregate": {m: aggregate(spec, rows, m) for m in spec.eval.metrics},
-               "sampling_noise": sampling_noise(spec, rows), "decision": decide(spec, rows),
+               "aggregate": {m: [e for c in scales for e in aggregate(spec, rows, m, c)] for m in spec.eval.metrics},
+               "sampling_noise": [n for c in scales for n in sampling_noise(spec, rows, cfg_scale=c)],
+               "decisions": [decide(spec, rows, c) for c in scales] if spec.decision is not None else [],
                "rows": [{k: v for k, v in r.items() if k != "samples"} for r in rows]}
     atomic_write_text(out / "study.json", json.dumps(payload, indent=1, default=str) + "\n")
     if "fid" in spec.eval.metrics and rows:
-        plot_study(spec, rows, out / "fid_vs_step.png")
+        for scale in scales:
+            if _main_rows(spec, rows, scale):
+                plot_study(spec, rows, out / f"fid_vs_step{_suffix(spec, scale)}.png", cfg_scale=scale)
     return out / "study.md"

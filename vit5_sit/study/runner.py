@@ -66,12 +66,18 @@ def results_file(spec: StudySpec) -> Path:
     return Path(spec.results_dir) / "study.json"
 
 
-def scored_steps(spec: StudySpec, arm: Arm, seed: int, saved: list[dict]) -> list[int]:
-    """The study steps at which (arm, seed) is scored with the main sample seed among the ``saved`` rows (the
-    sampling-noise re-scoring is optional: it does not make a run worth training again)."""
-    have = {r["step"] for r in saved
+def scored_steps(spec: StudySpec, arm: Arm, seed: int, saved: list[dict],
+                 cfg_scale: float | None = None) -> list[int]:
+    """The study steps at which (arm, seed) is scored with the main sample seed among the ``saved`` rows, at
+    ``cfg_scale`` or (None) at every guidance scale of the study: a step scored unguided only still needs its
+    checkpoint for the guided evaluation. (The sampling-noise re-scoring is optional: it does not make a run
+    worth training again.)"""
+    from .report import row_cfg
+
+    scales = spec.eval.cfg_scales if cfg_scale is None else (cfg_scale,)
+    have = {(r["step"], row_cfg(spec, r)) for r in saved
             if r["arm"] == arm.name and r["seed"] == seed and r["sample_seed"] == spec.eval.sample_seed}
-    return [step for step in spec.steps if step in have]
+    return [step for step in spec.steps if all((step, c) in have for c in scales)]
 
 
 def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | None = None,
@@ -87,10 +93,8 @@ def train_all(spec: StudySpec, *, jobs: int = 1, threads: int = 1, until: int | 
     """
     from .report import saved_rows
 
+    check_arguments(spec, arms, seeds, until=until)
     until = until or spec.max_steps
-    if until > spec.max_steps:
-        raise StudyError(f"--until {until}: beyond the study's last step {spec.max_steps} (raise steps in "
-                         f"{spec.source} instead)")
     chosen = select_pairs(spec, arms, seeds)
     results = results or results_file(spec)
     saved = [] if retrain_scored else saved_rows(spec, results, log=lambda *_: None)
@@ -194,7 +198,7 @@ def ensure_reference(spec: StudySpec, log=print) -> Path:
         check_reference_source(spec)
         data = Path(spec.eval.reference_data)
         log(f"reference: Inception features of every image in {data} -> {path} (once)")
-        compute_reference(data, path)
+        compute_reference(data, path, metrics=spec.eval.inception_metrics)
     return path
 
 
@@ -207,29 +211,89 @@ def check_reference_source(spec: StudySpec) -> None:
                          "first")
 
 
-def _settings(spec: StudySpec, sample_seed: int):
+def _settings(spec: StudySpec, sample_seed: int, cfg_scale: float):
     from vit5_sit.eval.compare import CompareSettings
 
     e = spec.eval
     return CompareSettings(num_samples=e.num_samples, seed=sample_seed, mode=e.mode, method=e.method,
-                           steps=e.steps, cfg_scale=e.cfg_scale, metrics=tuple(e.metrics), batch_size=e.batch_size)
+                           steps=e.steps, cfg_scale=cfg_scale, metrics=e.inception_metrics, batch_size=e.batch_size)
 
 
-def evaluation_plan(spec: StudySpec, noise: bool = True, arms: list[str] | None = None,
-                    seeds: list[int] | None = None, steps: list[int] | None = None) -> list[tuple[Arm, int, int, int]]:
-    """(arm, training seed, step, sample seed) of every evaluation the study asks for (``noise=False``: without
-    the sampling-noise re-scoring with the second sample seed; ``arms`` / ``seeds`` / ``steps``: only those)."""
+def check_steps(spec: StudySpec, steps: list[int] | None, until: int | None = None) -> None:
+    """``--steps`` are steps the study evaluates (and, with ``--until``, steps that training reaches)."""
     for step in steps or []:
         if step not in spec.steps:
             raise StudyError(f"--steps {step}: not a step the study evaluates; steps: "
                              f"{', '.join(map(str, spec.steps))}")
+        if until is not None and step > until:
+            raise StudyError(f"--steps {step}: beyond --until {until}, so never trained by this command; "
+                             f"evaluate steps up to {until}")
+
+
+def check_arguments(spec: StudySpec, arms: list[str] | None = None, seeds: list[int] | None = None,
+                    steps: list[int] | None = None, until: int | None = None) -> None:
+    """Every choice of a study command checked against the study at once, before any work (a reference of
+    5,000 images, a training, a folder): a bad one is a `StudyError` naming the flag and the value."""
+    if until is not None and until > spec.max_steps:
+        raise StudyError(f"--until {until}: beyond the study's last step {spec.max_steps} (raise steps in "
+                         f"{spec.source} instead)")
+    check_steps(spec, steps, until)
+    if not select_pairs(spec, arms, seeds):  # each name known, but no arm has the seeds asked for
+        have = "; ".join(f"{a.name}: {', '.join(map(str, a.seeds))}" for a in spec.arms if a.name in arms)
+        raise StudyError(f"--arms {','.join(arms)} --seeds {','.join(map(str, seeds))}: no run of the study has "
+                         f"them (seeds of those arms: {have})")
+
+
+def evaluation_plan(spec: StudySpec, noise: bool = True, arms: list[str] | None = None, seeds: list[int] | None = None,
+                    steps: list[int] | None = None) -> list[tuple[Arm, int, int, int, float]]:
+    """(arm, training seed, step, sample seed, cfg scale) of every evaluation the study asks for: each checkpoint
+    at each guidance scale of ``eval.cfg_scales`` (``noise=False``: without the sampling-noise re-scoring with the
+    second sample seed; ``arms`` / ``seeds`` / ``steps``: only those)."""
+    check_steps(spec, steps)
     plan = []
     for arm, seed in select_pairs(spec, arms, seeds):
         sample_seeds = [spec.eval.sample_seed]
         if noise and spec.eval.noise_seed is not None and seed in spec.eval.noise_training_seeds:
             sample_seeds.append(spec.eval.noise_seed)
-        plan += [(arm, seed, step, s) for step in spec.steps for s in sample_seeds if not steps or step in steps]
+        plan += [(arm, seed, step, s, c) for step in spec.steps for c in spec.eval.cfg_scales for s in sample_seeds
+                 if not steps or step in steps]
     return plan
+
+
+def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | None:
+    """The share of the evaluation samples that the digit classifier (`vit5_sit.digit_classifier`, the demo's
+    check) reads as the digit asked for; cached beside the samples, keyed by the samples' manifest and the
+    classifier's weights. ``cached_only``: None unless cached."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    from vit5_sit.digit_classifier import CLASSIFIER, classify, load_classifier
+    from vit5_sit.generate import manifest_path
+    from vit5_sit.utils import atomic_write_text
+
+    samples = Path(samples)
+    key = {"samples": hashlib.sha256(manifest_path(samples).read_bytes()).hexdigest(),
+           "classifier": hashlib.sha256((CLASSIFIER / "model.safetensors").read_bytes()).hexdigest()}
+    path = samples.with_name(f"{samples.stem}.digits-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]}"
+                             ".json")
+    try:
+        cached = json.loads(path.read_bytes()) if path.is_file() else None
+    except (OSError, ValueError):  # damaged: computed again
+        cached = None
+    if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("digit_accuracy"), float):
+        return cached["digit_accuracy"]
+    if cached_only:
+        return None
+    with np.load(samples) as data:
+        images, labels = data["arr_0"], data["arr_1"]
+    if images.shape[1:3] != (32, 32):
+        raise StudyError(f"{samples}: digit_accuracy needs 32x32 digits, the samples are "
+                         f"{images.shape[1]}x{images.shape[2]}; remove digit_accuracy from eval.metrics")
+    accuracy = float(np.mean(classify(images, load_classifier()) == labels))
+    atomic_write_text(path, json.dumps({"key": key, "digit_accuracy": accuracy}, indent=1))
+    return accuracy
 
 
 def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool = True, noise: bool = True,
@@ -243,7 +307,8 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     A checkpoint that cannot be loaded (damaged weights, a bad config.yaml) is skipped with a warning, and
     appended to ``failures``: the others are still evaluated, and the report shows it as missing.
 
-    Returns one row per evaluation: arm, seed, step, sample_seed and the metrics.
+    Returns one row per evaluation: arm, seed, step, sample_seed, cfg_scale and the metrics (with
+    ``digit_accuracy`` when the study asks for it).
     """
     import torch
 
@@ -253,32 +318,39 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     from vit5_sit.eval.evaluation import parse_metrics
     from vit5_sit.train.checkpoint import Checkpoint
 
+    plan = evaluation_plan(spec, noise, arms, seeds, steps)  # bad names and steps refused before any work
     if cached_only and not spec.reference_path.is_file():
         raise StudyError(f"nothing is evaluated yet ({spec.reference_path} does not exist): run `eval` first")
     reference = spec.reference_path if cached_only else ensure_reference(spec, log)
-    metrics = parse_metrics(spec.eval.metrics)
+    metrics = parse_metrics(spec.eval.inception_metrics)
     evaluator = Evaluator(reference, metrics, None, device, 64, progress)
     device = torch.device(device or "cpu")
     rows = []
-    plan = evaluation_plan(spec, noise, arms, seeds, steps)  # bad names refused before any work
-    for arm, seed, step, sample_seed in plan:
+    for arm, seed, step, sample_seed, cfg_scale in plan:
         run = spec.run_dir(arm, seed)
         path = _checkpoints(run).get(step)
         if path is None:
             continue
+        where = f"{run.name} step {step}" + (f" cfg {cfg_scale:g}" if len(spec.eval.cfg_scales) > 1 else "")
         try:
             cfg = load_config(run / "config.yaml")
-            row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path), _settings(spec, sample_seed),
-                                      evaluator, device=device, progress=progress, log=log,
-                                      cached_only=cached_only)
+            row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path),
+                                      _settings(spec, sample_seed, cfg_scale), evaluator, device=device,
+                                      progress=progress, log=log, cached_only=cached_only)
         except (ConfigError, ModelLoadError) as e:
-            log(f"warning: {run.name} step {step} not evaluated: {e}")
+            log(f"warning: {where} not evaluated: {e}")
             if failures is not None:
-                failures.append(f"{run.name} step {step}")
+                failures.append(where)
             continue
         if row is None:
             continue
-        rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed,
+        if "digit_accuracy" in spec.eval.metrics:
+            accuracy = digit_accuracy(row["samples"], cached_only=cached_only)
+            if accuracy is not None:
+                row["digit_accuracy"] = accuracy
+                if not cached_only:
+                    log(f"  digit accuracy {accuracy:.3f}")
+        rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed, "cfg_scale": cfg_scale,
                      **{k: v for k, v in row.items() if k not in ("run", "run_dir")}})
     return rows
 
@@ -294,7 +366,8 @@ def status(spec: StudySpec, arms: list[str] | None = None, seeds: list[int] | No
         ckpts = _checkpoints(spec.run_dir(arm, seed))
         out.append({"arm": arm.name, "seed": seed, "step": max(ckpts, default=0),
                     "eval_steps": [s for s in spec.steps if s in ckpts],
-                    "scored_steps": scored_steps(spec, arm, seed, saved)})
+                    "scored_steps": scored_steps(spec, arm, seed, saved),
+                    "scored_by_cfg": {c: scored_steps(spec, arm, seed, saved, c) for c in spec.eval.cfg_scales}})
     return out
 
 

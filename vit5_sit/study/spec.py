@@ -7,7 +7,8 @@ Read from one YAML file (``configs/study/mnist.yaml``)::
     results_dir: docs/study           # tables, json, plot: committed
     steps: [1200, 2400, 3600]         # checkpoints evaluated; each run trains to the last one
     seeds: [0, 1, 2]                  # training seeds of every arm that names none
-    eval: {num_samples: 1000, ...}    # `EvalSpec`: one sampler, seeds and reference for every checkpoint
+    eval: {num_samples: 1000, ...}    # `EvalSpec`: one sampler, seeds and reference for every checkpoint,
+                                      # at each guidance scale of eval.cfg_scales (e.g. [1.0, 6.0])
     arms:
       - {name: sit, config: configs/mnist/sit.yaml}
       - {name: no-rope, config: configs/mnist/vit5-nols.yaml, overrides: [model.rope=false], seeds: [0, 1]}
@@ -25,6 +26,10 @@ from pathlib import Path
 from vit5_sit.checks import path_problem, shown
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Metrics the study computes itself from the evaluation samples (the others are `vit5_sit.eval` metrics).
+# digit_accuracy: the share of samples the digit classifier (`vit5_sit.digit_classifier`, as the demo's check)
+# reads as the digit that was asked for; for 32x32 MNIST models of 10 classes.
+STUDY_METRICS = ("digit_accuracy",)
 
 
 class StudyError(ValueError):
@@ -49,10 +54,16 @@ class EvalSpec:
     mode: str = "ode"
     method: str = "heun"
     steps: int = 15
-    cfg_scale: float = 1.0
-    metrics: tuple[str, ...] = ("fid", "precision", "recall")
+    cfg_scales: tuple[float, ...] = (1.0,)  # every checkpoint is evaluated at each (1 = unguided); the first is
+                                            # the main one (plot, grid names without a suffix)
+    metrics: tuple[str, ...] = ("fid", "precision", "recall")  # eval metrics, plus STUDY_METRICS
     reference_data: str = "data/mnist32"   # real images (a class-folder tree) the reference is computed from
     batch_size: int = 125                  # sampling: images per forward
+
+    @property
+    def inception_metrics(self) -> tuple[str, ...]:
+        """The metrics `vit5_sit.eval` computes (everything but STUDY_METRICS)."""
+        return tuple(m for m in self.metrics if m not in STUDY_METRICS)
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,8 @@ class DecisionSpec:
     """The decision rule, fixed before the results (docs/study/README.md): among ``candidates``, the arm with the
     lowest mean FID at the last step where the ``reference`` arm and another candidate have ``min_seeds``
     seeds wins, if its lead over ``reference`` exceeds the two arms' training-seed sds combined; otherwise
-    ``reference`` stays. ``baseline`` (optional) is compared alongside, for information."""
+    ``reference`` stays. ``baseline`` (optional) is compared alongside, for information. The report applies
+    the rule separately at each guidance scale of ``eval.cfg_scales``."""
     reference: str                         # the arm that stays the default unless beaten (the paper preset)
     candidates: tuple[str, ...]            # arms that may replace it (reference included)
     baseline: str | None = None            # e.g. the vanilla block
@@ -85,11 +97,15 @@ class StudySpec:
     def run_dir(self, arm: Arm, seed: int) -> Path:
         return Path(self.output_dir) / f"{arm.name}-s{seed}"
 
-    def train_overrides(self, arm: Arm, seed: int, until: int) -> list[str]:
-        """The config overrides of (arm, seed) trained to step ``until``: the runner's, then the arm's own."""
+    def runner_overrides(self, arm: Arm, seed: int, until: int) -> list[str]:
+        """The settings the runner owns for (arm, seed) trained to step ``until`` (an arm may not set them)."""
         run = self.run_dir(arm, seed)
         return [f"output_dir={run.parent}", f"name={run.name}", f"train.seed={seed}", f"train.max_steps={until}",
-                "log.sample_every=0", *arm.overrides]
+                "log.sample_every=0"]
+
+    def train_overrides(self, arm: Arm, seed: int, until: int) -> list[str]:
+        """The config overrides of (arm, seed) trained to step ``until``: the runner's, then the arm's own."""
+        return [*self.runner_overrides(arm, seed, until), *arm.overrides]
 
     def pairs(self) -> list[tuple[Arm, int]]:
         """Every (arm, seed) in the order they are trained: seed by seed, so early seeds finish first."""
@@ -122,9 +138,13 @@ def _eval_spec(raw: dict) -> EvalSpec:
     if not isinstance(raw, dict):
         raise StudyError(f"eval: expected a mapping, got {raw!r}")
     fields = EvalSpec.__dataclass_fields__
-    _known("eval", raw, set(fields))
+    _known("eval", raw, {*fields, "cfg_scale"})
     values = dict(raw)
-    for key in ("metrics", "noise_training_seeds"):
+    if "cfg_scale" in values:  # one guidance scale (the earlier form of cfg_scales)
+        if "cfg_scales" in values:
+            raise StudyError("eval: give cfg_scales (a list) or cfg_scale (one value), not both")
+        values["cfg_scales"] = [values.pop("cfg_scale")]
+    for key in ("metrics", "noise_training_seeds", "cfg_scales"):
         if key in values:
             if not isinstance(values[key], list):
                 raise StudyError(f"eval.{key}: expected a list, got {values[key]!r}")
@@ -141,10 +161,18 @@ def _eval_spec(raw: dict) -> EvalSpec:
             raise StudyError(f"eval.noise_training_seeds: {v!r} is not an integer >= 0")
     from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
 
+    scales = values.get("cfg_scales", EvalSpec.cfg_scales)
+    name = "eval.cfg_scale" if "cfg_scale" in raw else "eval.cfg_scales"
+    if not scales:
+        raise StudyError(f"{name}: expected at least one guidance scale, e.g. [1.0] (unguided) or [1.0, 6.0]")
     try:
-        check_guidance_settings(values.get("cfg_scale", 1.0), scale_name="eval.cfg_scale")
+        for scale in scales:
+            check_guidance_settings(scale, scale_name=name)
     except GuidanceError as e:
         raise StudyError(str(e)) from None
+    values["cfg_scales"] = tuple(float(v) for v in scales)
+    if len(set(values["cfg_scales"])) != len(scales):
+        raise StudyError(f"{name}: {list(scales)} lists a scale twice")
     for key in ("mode", "method", "reference_data"):
         if key in values and not isinstance(values[key], str):
             raise StudyError(f"eval.{key}: expected a string, got {values[key]!r}")
@@ -158,10 +186,12 @@ def _eval_spec(raw: dict) -> EvalSpec:
         SamplerConfig(mode=spec.mode, method=spec.method, steps=spec.steps)
     except ValueError as e:
         raise StudyError(f"eval.mode / eval.method: {e}") from None
+    if len(set(spec.metrics)) != len(spec.metrics) or not all(isinstance(m, str) for m in spec.metrics):
+        raise StudyError(f"eval.metrics: {list(spec.metrics)} must be metric names, each once")
     try:
-        parse_metrics(spec.metrics)
+        parse_metrics(spec.inception_metrics)
     except EvalError as e:
-        raise StudyError(f"eval.metrics: {e}") from None
+        raise StudyError(f"eval.metrics: {e}; the study adds {', '.join(STUDY_METRICS)}") from None
     from vit5_sit.transport.rng import SeedError, check_seeds
 
     try:  # every sample seed of both sets is a valid seed (the one rule of sample.py and compare)
@@ -182,15 +212,53 @@ def _is_int(value, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+# Why the runner owns each setting it gives every (arm, seed), and what to change instead.
+_OWNED_WHY = {
+    "train.seed": "the runner gives each run its training seed; list them in the arm's seeds: instead",
+    "name": "the runner names each run's folder <arm>-s<seed>; rename the arm instead",
+    "output_dir": "the runner trains in the study's output_dir; set output_dir: in the study file instead",
+    "train.max_steps": "the runner trains to the study's last step (or --until); change the study's steps: instead",
+    "log.sample_every": "the runner turns off the training grids (the study draws its own samples)",
+}
+
+
+def _check_owned_keys(key: str, spec: StudySpec, arm: Arm) -> None:
+    """An arm's override may not set what the runner sets per (arm, seed): with `train.seed=7` every "seed" of
+    the arm trained with seed 7, with `name=` two seeds shared one folder. A section (`train=...`) replaces
+    its keys too."""
+    owned = [o.partition("=")[0] for o in spec.runner_overrides(arm, arm.seeds[0], spec.max_steps)]
+    for override in arm.overrides:
+        given = override.partition("=")[0].strip()
+        hit = next((k for k in owned if k == given or k.startswith(given + ".")), None)
+        if hit is not None:
+            section = f" (it replaces the {given} section, {hit} included)" if hit != given else ""
+            raise StudyError(f"{key} ({arm.name}): override {shown(override, quote=True)} sets {hit}, which the study "
+                             f"runner sets for each (arm, seed){section}: {_OWNED_WHY.get(hit, 'remove it')}")
+
+
 def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
     """The arm's config with every override must load, and save a checkpoint at every evaluated step and keep
     it: found now, not when the run fails or the evaluation finds nothing after hours of training."""
     from vit5_sit.config import ConfigError, load_config
+    from vit5_sit.transport.guidance import GuidanceError, check_guidance
 
+    _check_owned_keys(key, spec, arm)
     try:
         cfg = load_config(arm.config, spec.train_overrides(arm, arm.seeds[0], spec.max_steps))
     except ConfigError as e:
         raise StudyError(f"{key} ({arm.name}): {e}") from None
+    model = cfg.model_config()
+    for scale in spec.eval.cfg_scales:
+        try:
+            check_guidance(scale, model.class_dropout_prob)
+        except GuidanceError as e:
+            raise StudyError(f"eval.cfg_scales ({key}, {arm.name}): {e}") from None
+    if "digit_accuracy" in spec.eval.metrics and (
+            cfg.data.kind == "latents" or cfg.data.resolution != 32 or model.num_classes != 10):
+        raise StudyError(f"eval.metrics: digit_accuracy reads 32x32 digits of 10 classes (the MNIST digit "
+                         f"classifier), and {key} ({arm.name}) makes {cfg.data.resolution}x{cfg.data.resolution} "
+                         f"{'latent ' * (cfg.data.kind == 'latents')}images of {model.num_classes} classes; "
+                         "remove digit_accuracy from eval.metrics")
     every, keep = cfg.train.ckpt_every, cfg.train.keep_last
     missed = [s for s in spec.steps if s % every and s != spec.max_steps]
     if missed:
@@ -264,6 +332,9 @@ def load_study(path: str | Path) -> StudySpec:
         **texts, steps=steps, arms=tuple(arms), eval=_eval_spec(raw.get("eval", {})), source=str(path),
         decision=_decision_spec(raw.get("decision"), names),
     )
+    if spec.decision is not None and "fid" not in spec.eval.metrics:
+        raise StudyError(f"decision: the rule compares mean FID, and eval.metrics ({', '.join(spec.eval.metrics)}) "
+                         "has no fid; add fid")
     trained = sorted({s for a in spec.arms for s in a.seeds})
     for seed in spec.eval.noise_training_seeds:
         if seed not in trained:

@@ -4,10 +4,12 @@ from .guidance import ClassifierFreeGuidance, GuidanceError, check_guidance, che
 from .likelihood import NLLEstimate, nll_bits_per_dim, nll_estimate
 from .rng import SEED_LIMIT, SeedError, StackedRandomGenerator, check_seeds
 from .samplers import SamplerConfig, SampleResult, diffusion, sample
+from .solvers import GRIDS, dpm_solver_pp, time_grid
 from .transport import Transport, TransportConfig
 
 __all__ = [
     "ClassifierFreeGuidance",
+    "GRIDS",
     "GuidanceError",
     "NLLEstimate",
     "SEED_LIMIT",
@@ -21,7 +23,9 @@ __all__ = [
     "check_guidance_settings",
     "check_seeds",
     "diffusion",
+    "dpm_solver_pp",
     "nll_bits_per_dim",
     "nll_estimate",
     "sample",
+    "time_grid",
 ]

@@ -6,6 +6,9 @@ Each sampler is a pure function `(model_fn, noise, y, transport, cfg, rng) -> sa
 one from a SamplerConfig and counts the network evaluations (NFE). `model_fn(x, t, y)` is the network
 or a guided wrapper (ClassifierFreeGuidance); one call is one NFE, whatever its batch.
 
+Few-step solvers (DPM-Solver++ multistep, 'dpm++2m' / 'dpm++3m', one NFE a step) and the time grids every
+fixed-step method can use (``grid``: uniform, SD3's shift, logSNR-uniform, EDM's) are in `solvers.py`.
+
 Step counts versus the official SiT scripts: SiT's `--num-sampling-steps N` puts N points on [t0, t1]
 (N - 1 steps); here `steps` is the number of steps. So SiT ODE Euler N = `steps=N - 1`, and SiT's
 SDE with 250 points (249 Euler-Maruyama steps + the last step) = `steps=249`.
@@ -13,6 +16,7 @@ SDE with 250 points (249 Euler-Maruyama steps + the last step) = `steps=249`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,13 +24,15 @@ from torchdiffeq import odeint
 
 from vit5_sit.utils import check_choice
 
+from .solvers import GRIDS, MULTISTEP_ORDERS, dpm_solver_pp, time_grid
 from .transport import Transport, expand_like
 
 MODES = ("ode", "sde")
-FIXED_STEP_METHODS = ("euler", "heun")  # our own fixed-step solvers, `steps` steps (SDE: 'euler' = Euler-Maruyama)
-ODE_FIXED = FIXED_STEP_METHODS
+SDE_METHODS = ("euler", "heun")  # 'euler' = Euler-Maruyama
+MULTISTEP_METHODS = tuple(MULTISTEP_ORDERS)  # DPM-Solver++ multistep: ODE only, one NFE a step
+ODE_FIXED = ("euler", "heun", *MULTISTEP_METHODS)
+FIXED_STEP_METHODS = ODE_FIXED  # our own fixed-step solvers: `steps` steps on `grid`, batch-independent
 ODE_ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")  # through torchdiffeq
-SDE_METHODS = FIXED_STEP_METHODS
 DIFFUSION_FORMS = ("constant", "sbdm", "sigma", "linear", "decreasing", "increasing-decreasing")
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 
@@ -34,8 +40,10 @@ LAST_STEPS = ("mean", "tweedie", "euler", "none")
 @dataclass
 class SamplerConfig:
     mode: str = "ode"  # 'ode' (probability flow, deterministic) | 'sde'
-    method: str = "euler"  # ode: 'euler' | 'heun' | 'dopri5' | 'dopri8' | ...; sde: 'euler' | 'heun'
+    method: str = "euler"  # ode: 'euler' | 'heun' | 'dpm++2m' | 'dpm++3m' | 'dopri5' | ...; sde: 'euler' | 'heun'
     steps: int = 50  # fixed-step methods: number of steps (ignored by adaptive ones)
+    grid: str = "uniform"  # fixed-step methods: where the steps go: 'uniform' | 'shift' | 'logsnr' | 'edm'
+    shift: float = 3.0  # grid='shift': SD3's shift; > 1 puts more steps near the noise end
     atol: float = 1e-6  # adaptive ODE methods: absolute tolerance
     rtol: float = 1e-3  # adaptive ODE methods: relative tolerance
     diffusion_form: str = "sigma"  # sde: w(t), see `diffusion`; 'sigma' is SiT's best ImageNet setting
@@ -50,6 +58,9 @@ class SamplerConfig:
         check_choice(f"SamplerConfig(mode={self.mode!r}).method", self.method, methods)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"SamplerConfig.steps={self.steps!r} must be a positive integer")
+        check_choice("SamplerConfig.grid", self.grid, GRIDS)
+        if isinstance(self.shift, bool) or not isinstance(self.shift, int | float) or not 0 < self.shift < math.inf:
+            raise ValueError(f"SamplerConfig.shift={self.shift!r} must be a number > 0 (1 = the uniform grid)")
         for name in ("atol", "rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SamplerConfig.{name}={getattr(self, name)!r} must be > 0")
@@ -79,6 +90,8 @@ def sample(model_fn, noise, y, transport: Transport, cfg: SamplerConfig, rng=Non
 
     if cfg.mode == "sde":
         sampler = sde_euler_maruyama if cfg.method == "euler" else sde_heun
+    elif cfg.method in MULTISTEP_METHODS:
+        sampler = ode_multistep
     else:
         sampler = {"euler": ode_euler, "heun": ode_heun}.get(cfg.method, ode_adaptive)
     with torch.no_grad():
@@ -87,8 +100,12 @@ def sample(model_fn, noise, y, transport: Transport, cfg: SamplerConfig, rng=Non
 
 
 # Helpers shared by the samplers.
-def _grid(t0: float, t1: float, steps: int) -> list[float]:
-    return torch.linspace(t0, t1, steps + 1, dtype=torch.float64).tolist()
+def steps_grid(transport: Transport, cfg: SamplerConfig, t0: float | None = None,
+               t1: float | None = None) -> list[float]:
+    """The cfg.steps + 1 times of a fixed-step method on [t0, t1] (None: the ODE's interval), by cfg.grid."""
+    if t0 is None or t1 is None:
+        t0, t1 = transport.interval()
+    return time_grid(transport, t0, t1, cfg.steps, cfg.grid, cfg.shift)
 
 
 def _t(t: float, x: torch.Tensor) -> torch.Tensor:
@@ -146,9 +163,9 @@ def _last_step(model_fn, transport, cfg, x, t1, y):
 
 
 # ODE samplers.
-def ode_euler(model_fn, noise, y, transport, cfg, rng=None):
-    """Euler on the probability-flow ODE: cfg.steps steps, cfg.steps NFE."""
-    t_steps = _grid(*transport.interval(), cfg.steps)
+def ode_euler(model_fn, noise, y, transport, cfg, rng=None, t_steps=None):
+    """Euler on the probability-flow ODE: cfg.steps steps, cfg.steps NFE (t_steps: other times, ends included)."""
+    t_steps = steps_grid(transport, cfg) if t_steps is None else t_steps
     x = noise
     for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
         # Euler step along the velocity.
@@ -156,9 +173,9 @@ def ode_euler(model_fn, noise, y, transport, cfg, rng=None):
     return x
 
 
-def ode_heun(model_fn, noise, y, transport, cfg, rng=None):
+def ode_heun(model_fn, noise, y, transport, cfg, rng=None, t_steps=None):
     """Heun (explicit trapezoid) on the probability-flow ODE: cfg.steps steps, 2 * cfg.steps NFE."""
-    t_steps = _grid(*transport.interval(), cfg.steps)
+    t_steps = steps_grid(transport, cfg) if t_steps is None else t_steps
     x = noise
     for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
         h = t_next - t_cur
@@ -169,6 +186,12 @@ def ode_heun(model_fn, noise, y, transport, cfg, rng=None):
         d_next = _velocity(model_fn, transport, x_next, t_next, y)
         x = x + 0.5 * h * (d_cur + d_next)
     return x
+
+
+def ode_multistep(model_fn, noise, y, transport, cfg, rng=None, t_steps=None):
+    """DPM-Solver++ multistep (cfg.method 'dpm++2m' | 'dpm++3m'): cfg.steps steps, cfg.steps NFE."""
+    t_steps = steps_grid(transport, cfg) if t_steps is None else t_steps
+    return dpm_solver_pp(model_fn, noise, y, transport, t_steps, MULTISTEP_ORDERS[cfg.method])
 
 
 def ode_adaptive(model_fn, noise, y, transport, cfg, rng=None):
@@ -193,7 +216,7 @@ def sde_euler_maruyama(model_fn, noise, y, transport, cfg, rng=None):
     probability-flow ODE. cfg.steps steps (1 NFE each) then the last step (1 NFE unless 'none')."""
     randn_like = torch.randn_like if rng is None else rng.randn_like
     t0, t1 = _sde_interval(transport, cfg)
-    t_steps = _grid(t0, t1, cfg.steps)
+    t_steps = steps_grid(transport, cfg, t0, t1)
     x = noise
     for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
         dt = t_next - t_cur
@@ -211,7 +234,7 @@ def sde_heun(model_fn, noise, y, transport, cfg, rng=None):
     cfg.steps steps (2 NFE each) then the last step (1 NFE unless 'none')."""
     randn_like = torch.randn_like if rng is None else rng.randn_like
     t0, t1 = _sde_interval(transport, cfg)
-    t_steps = _grid(t0, t1, cfg.steps)
+    t_steps = steps_grid(transport, cfg, t0, t1)
     x = noise
     for t_cur, t_next in zip(t_steps[:-1], t_steps[1:]):
         dt = t_next - t_cur

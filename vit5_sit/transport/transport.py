@@ -231,6 +231,15 @@ class Transport:
         # From x = alpha E[x1|x] + sigma eps and v = alpha' E[x1|x] + sigma' eps (no division by alpha').
         return (alpha * model_out - d_alpha * x) / (alpha * d_sigma - d_alpha * sigma)
 
+    def data(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The data prediction x1_hat = E[x1 | x_t = x]; on the linear path x + (1 - t) * velocity."""
+        if self.cfg.prediction == "velocity":
+            # From x = alpha x1_hat + sigma eps and v = alpha' x1_hat + sigma' eps: finite at both ends.
+            alpha, d_alpha, sigma, d_sigma = (expand_like(c, x) for c in self.coefficients(t))
+            return (d_sigma * x - sigma * model_out) / (d_sigma * alpha - sigma * d_alpha)
+        alpha, _, sigma, _ = (expand_like(c, x) for c in self.coefficients(t))
+        return (x - sigma * self.noise(model_out, x, t)) / alpha
+
     def score(self, model_out: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.cfg.prediction == "score":
             return model_out

@@ -15,17 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file
-
-from vit5_sit.checks import UsageError, finite_float, output_folder, path_text, positive_int
-from vit5_sit.config import ConfigError
+from vit5_sit.checks import ModelLoadError, UsageError, finite_float, output_folder, path_text, positive_int
 from vit5_sit.interrupt import stops_cleanly
-from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, resolve_checkpoint
+
+if TYPE_CHECKING:
+    import torch
+
+DEMO_MODEL = Path(__file__).parent / "assets" / "demo"  # = vit5_sit.model_files.DEMO_MODEL (that imports torch)
 
 
-def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: torch.dtype = torch.float16,
+def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
+                 dtype: torch.dtype | None = None,  # None = torch.float16: half the size
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None) -> Path:
     """Write ``out/config.yaml``, ``out/ema.safetensors`` and the card ``out/README.md`` from a run or
@@ -37,8 +39,13 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL, dtype: t
     config's ``log.sample_cfg_scale``); None keeps the run's. ``sampler``: overrides of the config's sampler
     section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for this model).
     """
-    from vit5_sit.hub import collect_metrics, config_at_step, read_metrics, write_model_folder
+    import torch
+    from safetensors.torch import load_file
 
+    from vit5_sit.hub import collect_metrics, config_at_step, read_metrics, write_model_folder
+    from vit5_sit.model_files import resolve_checkpoint
+
+    dtype = torch.float16 if dtype is None else dtype
     folder, config_path = resolve_checkpoint(run_or_ckpt)
     overrides = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
     overrides += list(sampler or [])
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
     args = p.parse_args(argv)
+    from vit5_sit.config import ConfigError  # torch: imported after parsing, so --help is instant
     from vit5_sit.hub import HubError, parse_repo_spec, push_folder, repo_id_problem
 
     if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):

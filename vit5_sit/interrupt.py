@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+PIPE_CLOSED_EXIT_CODE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away (`| head`)
 # SIGTERM (``kill PID``, a batch scheduler's stop or pre-emption notice) is handled like Ctrl-C: the first one
 # asks the loop to stop after its step with a checkpoint, a second one stops at once.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -93,17 +95,50 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stdout_closed() -> int:
+    """The reader of our output went away (``... | head``): point stdout at /dev/null, so that the flush at exit
+    finds nowhere to fail, and stop quietly with the code a shell reports for a writer stopped by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a file descriptor
+        pass
+    return PIPE_CLOSED_EXIT_CODE
+
+
+def quiet_when_piped(main: Callable[..., int | None]) -> Callable[..., int | None]:
+    """Decorator for a command's ``main``: output into a closed pipe (``python -m vit5_sit.models | head``)
+    ends the command quietly with exit code 141 instead of a BrokenPipeError traceback. Its output is flushed
+    before it returns, so that a pipe closed while the last lines waited in the buffer is caught here too."""
+    @functools.wraps(main)
+    def run(*args, **kwargs) -> int | None:
+        try:
+            try:
+                code = main(*args, **kwargs)
+            except SystemExit:  # argparse's --help and usage errors: their buffered output meets the pipe here
+                sys.stdout.flush()
+                raise
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            return _stdout_closed()
+    return run
+
+
 def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorator for a command's ``main``: Ctrl-C or SIGTERM prints ``message`` (one line: what was kept and
     how to continue) and returns EXIT_CODE, instead of a traceback; a write the storage refuses (a full disk,
     `vit5_sit.checks.storage_failure`) prints ``error: ...`` with the same account of what was kept, exit 1.
+    Output into a closed pipe (``| head``) stops quietly, exit code 141 (`quiet_when_piped`).
     The command's files are written atomically, so whatever it was writing is either whole or absent."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        piped = quiet_when_piped(main)  # BrokenPipeError is an OSError, but no storage problem: handled first
+
         @functools.wraps(main)
         def run(*args, **kwargs) -> int:
             try:
                 with sigterm_as_ctrl_c():
-                    return main(*args, **kwargs)
+                    return piped(*args, **kwargs)
             except KeyboardInterrupt:
                 print(message, file=sys.stderr, flush=True)
                 return EXIT_CODE

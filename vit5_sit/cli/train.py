@@ -20,9 +20,10 @@ import os
 import sys
 
 from vit5_sit.checks import path_problem, path_text, storage_failure
-from vit5_sit.config import ConfigError, load_config
+from vit5_sit.interrupt import quiet_when_piped
 
 
+@quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=path_text,
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resume '': give auto or a checkpoint folder (leave the flag out to start a new run)")
     if args.resume is not None and (problem := path_problem(args.resume)):
         parser.error(f"--resume: {problem}")
+    from vit5_sit.config import ConfigError, load_config  # torch: imported after parsing, so --help is instant
+
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

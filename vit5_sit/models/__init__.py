@@ -10,11 +10,39 @@ official.py (official SiT files); dit.py re-exports the names it held before the
 `python -m vit5_sit.models` lists the presets with their parameter counts and GFLOPs.
 """
 
-from vit5_sit.models.config import ModelConfig
-from vit5_sit.models.denoiser import Denoiser, DiT
-from vit5_sit.models.flops import count_flops, count_params
-from vit5_sit.models.official import infer_official_config, load_official_state_dict, read_state_dict
-from vit5_sit.models.presets import PRESETS, create_model, model_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# The names below are imported from their modules on first use (PEP 562), so that importing this package, as
+# `python -m vit5_sit.models --help` does, costs nothing until a model is needed (the modules import torch).
+_EXPORTS = {
+    "ModelConfig": "config",
+    "Denoiser": "denoiser", "DiT": "denoiser",
+    "count_flops": "flops", "count_params": "flops",
+    "infer_official_config": "official", "load_official_state_dict": "official", "read_state_dict": "official",
+    "PRESETS": "presets", "create_model": "presets", "model_config": "presets",
+}
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from vit5_sit.models.config import ModelConfig
+    from vit5_sit.models.denoiser import Denoiser, DiT
+    from vit5_sit.models.flops import count_flops, count_params
+    from vit5_sit.models.official import infer_official_config, load_official_state_dict, read_state_dict
+    from vit5_sit.models.presets import PRESETS, create_model, model_config
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
 
 __all__ = [
     "PRESETS",

@@ -7,18 +7,22 @@ Parameters (frozen sin-cos pos_embed included, as in the official counts) and fo
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vit5_sit.checks import positive_int
-from vit5_sit.models.flops import count_flops, count_params
-from vit5_sit.models.presets import PRESETS
+from vit5_sit.interrupt import quiet_when_piped
 
 
+@quiet_when_piped
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit5_sit.models", description=__doc__.splitlines()[0])
     parser.add_argument("--input-size", type=positive_int, default=None,
                         help="input height = width for the GFLOPs (default: each preset's); presets whose patch "
                              "size does not divide it show '-'")
     args = parser.parse_args(argv)
+    from vit5_sit.models.flops import count_flops, count_params  # torch: after parsing, so --help is instant
+    from vit5_sit.models.presets import PRESETS
+
     print(f"{'preset':<12} {'params':>15} {'trainable':>15} {'GFLOPs':>9}")
     for name, cfg in PRESETS.items():
         params, trainable = count_params(cfg), count_params(cfg, trainable_only=True)
@@ -28,4 +32,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -131,6 +131,48 @@ def _run_with_metrics(tmp_path) -> Path:
     return run
 
 
+def test_card_front_matter_license_task_dataset_and_model_index(tmp_path):
+    import yaml
+
+    import vit5_sit
+
+    cfg, model = _tiny()
+    metrics = [{"settings": "n1000-s0", "step": 7, "reference": "mnist.npz", "fid": 42.5, "sfid": 50.25,
+                "digit_accuracy": 0.975}]
+    card = hub.PretrainedModel(model, cfg, metrics=metrics).model_card("me/tiny")
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "mit" and front["library_name"] == "vit5-sit"
+    assert front["pipeline_tag"] == "unconditional-image-generation" and front["datasets"] == ["ylecun/mnist"]
+    results = front["model-index"][0]["results"]
+    assert {m["type"]: m["value"] for r in results for m in r["metrics"]} == {
+        "fid": 42.5, "sfid": 50.25, "digit_accuracy": 0.975}  # every metric key present, sFID included
+    assert all(r["dataset"]["type"] == "ylecun/mnist" for r in results)
+    for needle in ("arXiv:2401.08740", "arXiv:2602.08071", "Peebles", "## Intended use and limits",
+                   "## Training", f"vit5-sit {vit5_sit.__version__}", 'from_pretrained("me/tiny")'):
+        assert needle in card, needle
+    assert "PATH_OR_REPO_ID" not in card and "replace `OWNER/NAME`" not in card
+
+
+def test_card_without_repo_id_says_how_to_fill_it_and_shows_a_sample_grid_when_present(tmp_path):
+    cfg, model = _tiny()
+    assert "## Samples" not in hub.PretrainedModel(model, cfg).model_card()
+    (tmp_path / hub.SAMPLES_FILE).write_bytes(b"png")
+    hub.PretrainedModel(model, cfg).save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "replace `OWNER/NAME` with the Hub repo id" in card and "None measured" in card
+    assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in card
+    assert "license: mit" in card and "model-index" not in card  # nothing measured: no model-index
+
+
+def test_version_comes_from_the_package_metadata_or_pyproject():
+    import tomllib
+
+    import vit5_sit
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert vit5_sit.__version__ == pyproject == vit5_sit.PYPROJECT_VERSION
+
+
 def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
     run = _run_with_metrics(tmp_path)
     out = export_model(run, tmp_path / "exported", cfg_scale=3.0, repo_id="me/tiny-vit5")

@@ -1,0 +1,17 @@
+"""vit5-sit: SiT interpolant flow matching with a ViT-5 backbone (training, sampling, evaluation, the Hub)."""
+
+from __future__ import annotations
+
+PYPROJECT_VERSION = "0.1.0"  # fallback when the package is not installed (keep equal to pyproject.toml's version)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vit5-sit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return PYPROJECT_VERSION
+
+
+__version__ = _version()

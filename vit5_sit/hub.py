@@ -33,6 +33,7 @@ from vit5_sit.hub_files import (  # noqa: F401  (re-exported: the Hub's names in
     LIBRARY_NAME,
     METRICS_FILE,
     MODEL_FILES,
+    SAMPLES_FILE,
     WEIGHTS_FILE,
     download_model,
     network_error_types,
@@ -46,6 +47,31 @@ from vit5_sit.models import PRESETS, Denoiser
 from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 CARD_METRICS = ("fid", "is", "precision", "recall")
+LICENSE = "mit"  # the code's license (LICENSE; the official SiT code is MIT too), stated in every card
+PIPELINE_TAG = "unconditional-image-generation"  # the Hub's closest task: it has no class-conditional one
+HUB_DATASETS = {"mnist": ("ylecun/mnist", "MNIST"), "digits": (None, "scikit-learn digits")}
+CITATIONS = """```bibtex
+@article{ma2024sit,
+  title   = {SiT: Exploring Flow and Diffusion-based Generative Models with Scalable Interpolant Transformers},
+  author  = {Ma, Nanye and Goldstein, Mark and Albergo, Michael S. and Boffi, Nicholas M. and
+             Vanden-Eijnden, Eric and Xie, Saining},
+  journal = {arXiv preprint arXiv:2401.08740},
+  year    = {2024}
+}
+@article{wang2026vit5,
+  title   = {ViT-5: Vision Transformers for The Mid-2020s},
+  author  = {Wang, Feng and Ren, Sucheng and Zhang, Tiezheng and Neskovic, Predrag and Bhattad, Anand and
+             Xie, Cihang and Yuille, Alan},
+  journal = {arXiv preprint arXiv:2602.08071},
+  year    = {2026}
+}
+@inproceedings{peebles2023dit,
+  title     = {Scalable Diffusion Models with Transformers},
+  author    = {Peebles, William and Xie, Saining},
+  booktitle = {Proceedings of the IEEE/CVF International Conference on Computer Vision (ICCV)},
+  year      = {2023}
+}
+```"""
 
 
 class HubError(RuntimeError):
@@ -79,8 +105,26 @@ def _num(value) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
 
 
+def _eval_results(metrics: Sequence[dict], dataset: tuple[str | None, str]) -> list:
+    """The card's ``model-index``: every numeric metric measured for these weights (one entry per metric and
+    settings; FID, sFID, IS, precision, recall, KID, digit accuracy, ... whatever the rows hold)."""
+    from huggingface_hub import EvalResult
+
+    hub_id, name = dataset
+    skip = {"step", "num_samples", "seed"}
+    results = []
+    for row in metrics:
+        for key, value in row.items():
+            if key in skip or not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            results.append(EvalResult(task_type=PIPELINE_TAG, dataset_type=hub_id or name, dataset_name=name,
+                                      metric_type=key, metric_value=value, metric_name=key.upper() if len(key) <= 4
+                                      else key.replace("_", " "), metric_config=row.get("settings")))
+    return results
+
+
 def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] = (),
-               repo_id: str | None = None) -> str:
+               repo_id: str | None = None, has_samples: bool = False) -> str:
     """The README.md of a model folder or repo: Hub metadata (YAML) and what the model is, how to use it."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -113,7 +157,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("transport", f"{cfg.transport.path} path, {cfg.transport.prediction} prediction"),
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
     ]
-    source = repo_id or "PATH_OR_REPO_ID"
+    source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
     family = {"ViT5": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
              f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
@@ -129,15 +173,44 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
             lines.append(f"| {r.get('step', '')} | `{r.get('settings', '')}` | {r.get('reference') or ''} | {values} |")
         lines.append("")
     else:
-        lines += ["## Metrics", "", "None measured for these weights yet.", ""]
+        lines += ["## Metrics", "", "None measured for these weights yet (`eval_fid.py compare` measures them and "
+                  "`python -m vit5_sit.demo export` carries them into the card).", ""]
+    if has_samples:
+        lines += ["## Samples", "", f"![samples of every class row by row]({SAMPLES_FILE})", "",
+                  f"`{SAMPLES_FILE}`: one row per class, drawn with the sampler defaults above.", ""]
+    lines += ["## Training", "",
+              f"Trained with vit5-sit's `train.py` on {dataset} at {cfg.data.resolution}px for "
+              f"{cfg.train.max_steps:,} optimizer steps of {cfg.train.global_batch_size} images "
+              f"({cfg.train.max_steps * cfg.train.global_batch_size:,} images seen), AdamW lr {cfg.train.lr:g}, "
+              f"EMA {cfg.train.ema_decay:g} (these are the EMA weights), training seed {cfg.train.seed}. "
+              f"`{CONFIG_FILE}` is the whole recipe: `python train.py --config {CONFIG_FILE}` trains it again.", "",
+              "## Intended use and limits", "",
+              f"Research on transformer backbones for flow-matching generative models: sampling images of the "
+              f"{m.num_classes} training classes, comparing backbones, measuring samplers. It generates only "
+              "images like its training data, at its training resolution and classes; it is not a general "
+              "image generator and has no text conditioning. Its samples can reproduce the biases of the "
+              "training set. Metrics above hold for the settings named with them.", ""]
+    if repo_id is None:
+        lines += ["Usage below: replace `OWNER/NAME` with the Hub repo id these files were uploaded to, or with "
+                  "the path of this folder.", ""]
     lines += ["## Use", "", "With vit5-sit installed (`pip install -e .` in its repository):", "", "```bash",
               f"vit5-sit-sample --ckpt {source} --out samples.png      # or: python sample.py --ckpt ...",
               "```", "", "```python", "from vit5_sit.pipeline import Vit5SitPipeline", "",
               f'pipe = Vit5SitPipeline.from_pretrained("{source}")',
               f"images = pipe(class_labels=[0, 1, 2], guidance_scale={cfg.log.sample_cfg_scale:g}, seed=0).images",
               "```", ""]
-    data = ModelCardData(library_name=LIBRARY_NAME, tags=["diffusion", "flow-matching", "sit", "vit-5",
-                                                          "class-conditional-image-generation"])
+    from vit5_sit import __version__
+
+    lines += ["## Citation", "", "The SiT framework, the ViT-5 backbone and the DiT block it builds on:", "",
+              CITATIONS, "", "## Code", "",
+              f"Written by vit5-sit {__version__} (MIT license): the training, sampling and evaluation code, and "
+              "the study that compares the backbones.", ""]
+    hub_dataset = HUB_DATASETS.get(cfg.data.kind, (None, dataset))
+    eval_results = _eval_results(metrics, hub_dataset)
+    data = ModelCardData(license=LICENSE, library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG,
+                         tags=["diffusion", "flow-matching", "sit", "vit-5", "class-conditional-image-generation"],
+                         datasets=[hub_dataset[0]] if hub_dataset[0] else None,
+                         model_name=cfg.name if eval_results else None, eval_results=eval_results or None)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
 
 
@@ -166,7 +239,8 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
         atomic_write_text(out / METRICS_FILE, json.dumps(list(metrics), indent=1) + "\n")
     else:
         (out / METRICS_FILE).unlink(missing_ok=True)  # a folder written again must not keep older metrics
-    atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id))
+    atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id,
+                                                  has_samples=(out / SAMPLES_FILE).is_file()))
     return out
 
 

@@ -80,6 +80,70 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
         page.close()
 
 
+def _until(condition, timeout: float = 30.0):
+    """Poll ``condition`` until it returns something true (then that), failing after ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
+@pytest.mark.slow  # a Gradio server (~15 s with Gradio's import, ~2 s without)
+def test_api_has_named_parameters_step_progress_and_a_bounded_queue(model_dir, tmp_path, monkeypatch):
+    """Through gradio_client: /generate's parameters have names (were param_0 ... param_9); a call reports the
+    sampler's steps while it runs; the next calls wait in one queue and learn their place; past max_queue,
+    calls are turned away. The sampler is held by a stand-in until the test lets it finish."""
+    pytest.importorskip("gradio")
+    import threading
+
+    from gradio_client import Client
+    from gradio_client.utils import Status
+
+    release = threading.Event()
+
+    def held_grid(models, out_dir, *args, max_evals, on_step):
+        for done in (1, 2, 3):
+            on_step(done, 3)
+        release.wait(60)
+        path = Path(out_dir) / f"grid-{args[-1]}.png"
+        Image.new("RGB", (4, 4)).save(path)
+        return path, f"seed {args[-1]}"
+
+    monkeypatch.setattr(demo_app, "generate_grid", held_grid)
+    page = demo_app.build_app(str(model_dir), out_dir=tmp_path, max_queue=2)
+    port = _free_port()
+    page.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, ssr_mode=False, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+        assert set(api) == {"/generate", "/load"}  # the page's own button is not an API endpoint
+        assert [p["parameter_name"] for p in api["/generate"]["parameters"]] == [
+            "model", "classes", "images_per_class", "guidance_scale", "guide_from_t", "guide_to_t", "sampler",
+            "method", "steps", "seed"]
+        kw = dict(model=str(model_dir), classes="0,1", images_per_class=1, guidance_scale=1.0, guide_from_t=0.0,
+                  guide_to_t=1.0, sampler="ode", method="euler", steps=2)
+        first = client.submit(**kw, seed=1, api_name="/generate")
+        step = _until(lambda: (first.status().progress_data or [None])[0])
+        assert (step.length, step.unit, step.desc) == (3, "network evaluations", "sampling")
+        second = client.submit(**kw, seed=2, api_name="/generate")
+        waiting = _until(lambda: second.status().code == Status.IN_QUEUE and second.status())
+        assert (waiting.rank, waiting.queue_size) == (0, 1)  # next in line, one waiting
+        third = client.submit(**kw, seed=3, api_name="/generate")
+        assert _until(lambda: third.status().code == Status.IN_QUEUE and third.status()).rank == 1
+        fourth = client.submit(**kw, seed=4, api_name="/generate")
+        with pytest.raises(Exception, match="Queue is full"):
+            fourth.result(timeout=30)
+        release.set()
+        assert [job.result(timeout=30)[2] for job in (first, second, third)] == ["seed 1", "seed 2", "seed 3"]
+    finally:
+        release.set()
+        page.close()
+
+
 GOOD = dict(classes="0,1", per_class=2, guidance=1.0, interval_low=0.0, interval_high=1.0, sampler="ode",
             method="euler", steps=2, seed=0)
 
@@ -114,12 +178,59 @@ def test_localhost_unless_host_is_given(model_dir, monkeypatch, capsys):
         def launch(self, **kwargs):
             calls.append(kwargs)
 
-    monkeypatch.setattr(demo_app, "build_app", lambda model, allowed=None: Page())
+    monkeypatch.setattr(demo_app, "build_app", lambda model, allowed=None, **kw: Page())
     assert demo_app.main(["--model", str(model_dir)]) == 0
     assert calls[-1]["server_name"] == "127.0.0.1" and calls[-1]["share"] is False
     assert demo_app.main(["--host", "0.0.0.0", "--port", "8000"]) == 0
     assert (calls[-1]["server_name"], calls[-1]["server_port"]) == ("0.0.0.0", 8000)
     assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
+
+
+def test_a_grid_is_bounded_in_network_evaluations(model_dir, tmp_path):
+    """images x evaluations (x 2 guided) at most max_evals: fixed-step solvers refused before sampling, adaptive
+    ones stopped once past it (a 160-image dopri5 grid at guidance 10 held the only worker for minutes)."""
+    models, calls = demo_app.Models(), []
+    ok = dict(GOOD, guidance=2.0)  # 4 images x 2 Euler steps x 2 (guided) = 16
+    path, info = demo_app.generate_grid(models, tmp_path, str(model_dir), **ok, max_evals=16,
+                                        on_step=lambda *a: calls.append(a))
+    assert path.is_file() and calls == [(1, 2), (2, 2)]  # the pipeline's step hook, passed through
+    with pytest.raises(demo_app.DemoError, match=r"^4 images x 2 network evaluations x 2 \(guided\) = 16: more "
+                                                 "than the 15 a grid may take here; take fewer images or steps"):
+        demo_app.generate_grid(models, tmp_path, str(model_dir), **ok, max_evals=15)
+    calls.clear()
+    with pytest.raises(demo_app.DemoError, match=r"^ode/dopri5 stopped: 4 images x more than 3 network evaluations "
+                                                 "exceeds the 12 a grid may take here; take fewer images, a "
+                                                 "fixed-step method"):
+        demo_app.generate_grid(models, tmp_path, str(model_dir), **dict(GOOD, method="dopri5"), max_evals=12,
+                               on_step=lambda *a: calls.append(a))
+    assert calls == [(1, None), (2, None), (3, None), (4, None)]  # stopped at once, not after the whole solve
+    with pytest.raises(demo_app.DemoError, match=r"^4 images x 2 \(guided\): more than the 7 network evaluations"):
+        demo_app.generate_grid(models, tmp_path, str(model_dir), **ok, max_evals=7)
+    assert demo_app.MAX_IMAGES * 2 * (demo_app.MAX_STEPS + 1) > demo_app.MAX_EVALS  # the per-value caps alone
+    # did not bound a call: the largest grid they allowed was 256 images x 501 evaluations x 2
+
+
+def _page_fn(page, name: str):
+    return next(f.fn for f in page.fns.values() if f.fn is not None and f.fn.__name__ == name)
+
+
+def test_page_keeps_the_last_grid_on_a_bad_input(model_dir, tmp_path):
+    """The page's button answers a bad input with a warning and a line, not an error that blanks the grid; the
+    API's /generate (the same inputs) still fails, so a gradio_client caller gets the error."""
+    gr = pytest.importorskip("gradio")
+    page = demo_app.build_app(str(model_dir), out_dir=tmp_path)
+    on_page, api = _page_fn(page, "generate_on_page"), _page_fn(page, "generate")
+    args = [str(model_dir), "0,1", 2, 1.0, 0.0, 1.0, "ode", "euler", 2, 0]
+    grid, download, info = on_page(*args, progress=lambda *a, **k: None)
+    assert Path(grid).is_file() and "2 classes x 2 images" in info
+    with pytest.warns(UserWarning, match="class id 99 out of range"):
+        kept = on_page(*[str(model_dir), "99", *args[2:]], progress=lambda *a, **k: None)
+    assert kept[:2] == (gr.skip(), gr.skip())  # the grid and its download stay
+    assert kept[2].startswith("**Not drawn:** class id 99 out of range") and "last one drawn" in kept[2]
+    with pytest.raises(gr.Error, match="class id 99 out of range"):
+        api(*[str(model_dir), "99", *args[2:]], progress=lambda *a, **k: None)
+    deps = {d["api_name"]: d for d in page.config["dependencies"] if d.get("api_name")}
+    assert deps["generate"]["api_visibility"] == "public" and deps["generate_on_page"]["api_visibility"] == "private"
 
 
 def test_model_box_serves_only_the_allowed_models(model_dir, tmp_path, monkeypatch):
@@ -150,7 +261,8 @@ def test_allow_flag_and_the_host_set_what_the_page_serves(model_dir, monkeypatch
         def launch(self, **kwargs):
             pass
 
-    monkeypatch.setattr(demo_app, "build_app", lambda model, allowed=None: calls.append((model, allowed)) or Page())
+    monkeypatch.setattr(demo_app, "build_app",
+                        lambda model, allowed=None, **kw: calls.append((model, allowed)) or Page())
     m = str(model_dir)
     assert demo_app.main(["--model", m]) == 0 and calls[-1] == (m, None)  # localhost: any model
     assert demo_app.main(["--model", m, "--host", "0.0.0.0"]) == 0 and calls[-1] == (m, [])  # network: --model only

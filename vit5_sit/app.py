@@ -12,8 +12,10 @@ run, checkpoint, model folder or Hub repo; on another address it serves only --m
 folders of this machine or download arbitrary repos. Generation is `Vit5SitPipeline` (the
 images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
 model draws its 40-digit grid (SDE 50 steps, guidance 6) in about 30 s on an idle 2-core CPU, as
-``python sample.py`` does; fewer images per class or steps are quicker. Gradio is imported only here, so
-the library works without it.
+``python sample.py`` does; fewer images per class or steps are quicker. A grid may take at most --max-evals
+network evaluations (images x evaluations, x 2 when guided; dopri5 is stopped past it), one grid is drawn at a
+time and up to --max-queue calls wait, each shown its place. Gradio is imported only here, so the library
+works without it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
-from vit5_sit.checks import path_text
+from vit5_sit.checks import path_text, positive_int
 
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
 DEFAULT_PORT = 7860          # Gradio's usual port
@@ -36,6 +39,9 @@ DEMO = "demo"                # the model box's name for the bundled demo model
 MAX_PER_CLASS = 16
 MAX_STEPS = 250
 MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo, not a batch job
+MAX_EVALS = 16_384           # image-evaluations of the network per grid (a guided one counts 2), adaptive solvers
+#                              included: 4x the demo's default grid (40 x 51 x 2), ~2 min on an idle 2-core CPU
+MAX_QUEUE = 16               # calls waiting for the sampler; more are turned away ("queue is full")
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
 METHODS = ("euler", "heun", "dopri5")  # the page's choices: the fixed-step solvers and one adaptive
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends no usage reports
@@ -139,12 +145,19 @@ def _real(name: str, value) -> float:
 
 def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_class: int, guidance: float,
                   interval_low: float, interval_high: float, sampler: str, method: str, steps: int,
-                  seed: int) -> tuple[Path, str]:
+                  seed: int, *,
+                  max_evals: int = MAX_EVALS,  # image-evaluations of the network per grid (guided: 2 each)
+                  on_step: Callable[[int, int | None], None] | None = None,  # the pipeline's step hook
+                  ) -> tuple[Path, str]:
     """Sample a labelled grid (one row per class, ``per_class`` images from seeds seed, seed+1, ...), write
-    it as a PNG in ``out_dir``; returns its path and a one-line summary."""
+    it as a PNG in ``out_dir``; returns its path and a one-line summary.
+
+    Its cost is bounded: images x network evaluations (x 2 when guided) at most ``max_evals``. A fixed-step
+    solver over it is refused before sampling; an adaptive one (dopri5) is stopped once it passes it."""
     from vit5_sit.classes import ClassSpecError, class_label, parse_classes
     from vit5_sit.data.vae import VAELoadError
-    from vit5_sit.generate import save_labelled_grid
+    from vit5_sit.generate import sampler_settings, save_labelled_grid, steps_per_batch
+    from vit5_sit.pipeline import NFELimitError
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
     pipe = models.get(model)
@@ -161,9 +174,24 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
         if len(labels) > MAX_IMAGES:
             raise DemoError(f"{len(ids)} classes x {per_class} images = {len(labels)}: at most {MAX_IMAGES} per "
                             "grid here; use sample.py for more")
+        guided = 2 if float(guidance) != 1.0 else 1  # a guided evaluation runs the network on two copies
+        max_nfe = max_evals // (len(labels) * guided)  # per image, so per batch too
+        if max_nfe < 1:
+            raise DemoError(f"{len(labels)} images{' x 2 (guided)' if guided > 1 else ''}: more than the "
+                            f"{max_evals:,} network evaluations a grid may take here; take fewer images")
         start = time.perf_counter()
         out = pipe(class_labels=labels, guidance_scale=float(guidance), guidance_interval=(interval_low, interval_high),
-                   sampler=sampler, method=method, num_inference_steps=steps, seed=seed)
+                   sampler=sampler, method=method, num_inference_steps=steps, seed=seed, max_nfe=max_nfe,
+                   on_step=on_step)
+    except NFELimitError:
+        evals = steps_per_batch(sampler_settings(pipe.config.sampler, sampler, method, steps))
+        cost = f"{len(labels)} images x {{}} network evaluations{' x 2 (guided)' if guided > 1 else ''}"
+        if evals is None:  # adaptive: stopped once past the bound
+            raise DemoError(f"{sampler}/{method} stopped: {cost.format(f'more than {max_nfe}')} exceeds the "
+                            f"{max_evals:,} a grid may take here; take fewer images, a fixed-step method, or "
+                            "sample.py") from None
+        raise DemoError(f"{cost.format(evals)} = {len(labels) * evals * guided:,}: more than the {max_evals:,} "
+                        "a grid may take here; take fewer images or steps, or sample.py") from None
     except (ClassSpecError, VAELoadError, ValueError) as e:
         raise DemoError(str(e)) from None
     import numpy as np
@@ -179,9 +207,15 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
     return path, info
 
 
-def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None):
+def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None, *, max_evals: int = MAX_EVALS,
+              max_queue: int = MAX_QUEUE):
     """The Gradio page (not launched). ``model``: the model box's initial value; ``allowed``: if given, the only
-    models the box loads (``model`` is always among them)."""
+    models the box loads (``model`` is always among them); ``max_evals``: image-evaluations of the network a grid
+    may take (guided: 2 each); ``max_queue``: calls that may wait for the sampler, which runs one at a time.
+
+    Its API (gradio_client) has ``/generate`` with named parameters (an input error raises) and ``/load``. The
+    page's own generate button shows a bad input as a warning and keeps the last grid; both report the
+    sampler's progress step by step and share one queue, whose position Gradio shows to whoever waits."""
     import gradio as gr
 
     models = Models(allowed=None if allowed is None else [model, *allowed])
@@ -195,12 +229,34 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
             raise gr.Error(str(e)) from None
         return d["classes"], d["guidance"], d["sampler"], d["method"], d["steps"], d["about"]
 
-    def run(*args):
+    tracker = gr.Progress()  # Gradio gives each call its own, fed by the sampler's step hook
+
+    def draw(args: tuple, progress) -> tuple[str, str, str]:
+        def on_step(done: int, total: int | None) -> None:
+            progress((done, total), desc="sampling", unit="network evaluations")
+
+        path, info = generate_grid(models, out_dir, *args, max_evals=max_evals, on_step=on_step)
+        return str(path), str(path), info
+
+    def generate(model: str, classes: str, images_per_class: int, guidance_scale: float, guide_from_t: float,
+                 guide_to_t: float, sampler: str, method: str, steps: int, seed: int, progress=tracker):
+        """The API's /generate: the grid (image and download) and its summary; a bad input is an error."""
         try:
-            path, info = generate_grid(models, out_dir, *args)
+            return draw((model, classes, images_per_class, guidance_scale, guide_from_t, guide_to_t, sampler,
+                         method, steps, seed), progress)
         except DemoError as e:
             raise gr.Error(str(e)) from None
-        return str(path), str(path), info
+
+    def generate_on_page(model: str, classes: str, images_per_class: int, guidance_scale: float,
+                         guide_from_t: float, guide_to_t: float, sampler: str, method: str, steps: int, seed: int,
+                         progress=tracker):
+        """The page's button: a bad input is a warning and a line under the grid, which stays as it was."""
+        try:
+            return draw((model, classes, images_per_class, guidance_scale, guide_from_t, guide_to_t, sampler,
+                         method, steps, seed), progress)
+        except DemoError as e:
+            gr.Warning(str(e))
+            return gr.skip(), gr.skip(), f"**Not drawn:** {e}. The grid shown is the last one drawn."
 
     with gr.Blocks(title="vit5-sit demo") as app:
         gr.Markdown("# vit5-sit: class-conditional samples\nSiT flow matching on a ViT-5 backbone. Image i "
@@ -232,8 +288,13 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                 info = gr.Markdown()
                 download = gr.File(label="download")
         inputs = [name, classes, per_class, guidance, low, high, sampler, method, steps, seed]
-        go.click(run, inputs, [grid, download, info], api_name="generate")
+        # One sampler at a time for the page and the API (it takes every core); the others wait in the queue.
+        queued = dict(concurrency_id="sampler", concurrency_limit=1)
+        go.click(generate_on_page, inputs, [grid, download, info], api_visibility="private", **queued)
+        api = gr.Button(visible=False)  # the API's /generate: the same inputs, but an input error is an error
+        api.click(generate, inputs, [grid, download, info], api_name="generate", **queued)
         load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load")
+    app.queue(max_size=max_queue, default_concurrency_limit=1)
     return app
 
 
@@ -267,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow", type=_allow, default=(), metavar="NAMES",
                    help="further models the page's model box may load (comma-separated folders or Hub repo ids), "
                         "or 'any'. Default: any on localhost; only --model when --host is another address")
+    p.add_argument("--max-evals", type=positive_int, default=MAX_EVALS, metavar="N",
+                   help=f"network evaluations one grid may take, summed over its images (a guided one counts 2; "
+                        f"adaptive solvers such as dopri5 are stopped past it). Default: {MAX_EVALS:,}, 4x the "
+                        "demo's default grid, about 2 minutes on an idle 2-core CPU")
+    p.add_argument("--max-queue", type=positive_int, default=MAX_QUEUE, metavar="N",
+                   help=f"calls that may wait while one grid is drawn; more are turned away (default: {MAX_QUEUE})")
     args = p.parse_args(argv)
     local = args.host in LOCAL_HOSTS
     allowed = args.allow if args.allow != () else (None if local else [])
@@ -277,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        app = build_app(args.model, allowed=allowed)
+        app = build_app(args.model, allowed=allowed, max_evals=args.max_evals, max_queue=args.max_queue)
     except DemoError as e:
         print(f"error: --model: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..checks import UsageError, path_text, positive_int, storage_failure, writable_folder
+from ..checks import UsageError, parse_device, path_text, positive_int, storage_failure, writable_folder
 from ..interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
 from .spec import StudyError, load_study
 
@@ -108,10 +108,21 @@ def _run(args: argparse.Namespace) -> int:
     from .report import saved_rows, write_report
 
     spec = load_study(args.spec)
+    # Every choice checked against the study now, before any work (`eval --steps 7` computed the 5,000-image
+    # reference first): a bad one is one line and exit 2, with nothing written.
+    runner.check_arguments(spec, args.arms, args.seeds, args.steps,
+                           args.until if args.command in ("run", "train") else None)
+    if args.device is not None:
+        try:
+            parse_device(args.device)
+        except UsageError as e:
+            raise StudyError(str(e)) from None
     if args.command == "status":
         for s in runner.status(spec, args.arms, args.seeds):
+            by_cfg = "" if len(spec.eval.cfg_scales) == 1 else " (" + "; ".join(
+                f"cfg {c:g}: {steps}" for c, steps in s["scored_by_cfg"].items()) + ")"
             print(f"{s['arm']:>24} s{s['seed']}: step {s['step']:>6}; evaluable steps {s['eval_steps']}; "
-                  f"scored steps {s['scored_steps']}")
+                  f"scored steps {s['scored_steps']}{by_cfg}")
         return 0
     if args.command == "run":
         runner.check_reference_source(spec)  # before the trainings, not after them

@@ -191,9 +191,11 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
     scored training seeds; candidates with fewer seeds there are listed as not included. The best candidate
     (lowest mean) replaces the reference only if its lead exceeds sqrt(sd_best^2 + sd_reference^2).
     Returns {"cfg_scale", "step", "ranking": [(arm, mean, sd, n)], "winner", "resolved", "lead", "margin",
-    "excluded": [arm], "baseline": (arm, mean, sd, n) | None, "last_step", "needs": [(arm, n)]}; "step" is None
-    when no step qualifies yet. "needs": the candidates with fewer than ``min_seeds`` seeds at the study's last
-    step (with the seeds they have): while it is not empty, the verdict is not the final one.
+    "excluded": [arm], "baseline": (arm, mean, sd, n) | None, "last_step", "needs": [(arm, n)],
+    "too_few_planned": [(arm, seeds planned)]}; "step" is None when no step qualifies yet. "needs": the candidates
+    with fewer than ``min_seeds`` seeds at the study's last step (with the seeds they have): while it is not
+    empty, the verdict is not the final one. "too_few_planned": candidates whose arm lists fewer training seeds
+    than ``min_seeds``: never compared until the study file gives them more.
     """
     rule = spec.decision
     if rule is None:
@@ -204,10 +206,13 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
     steps = [st for st in spec.steps if (rule.reference, st) in enough
              and any((c, st) in enough for c in rule.candidates if c != rule.reference)]
     last = spec.max_steps
+    planned = {a.name: len(a.seeds) for a in spec.arms}
     out = {"cfg_scale": scale, "step": None, "reference": rule.reference, "min_seeds": rule.min_seeds,
            "ranking": [], "winner": rule.reference, "resolved": False, "lead": None, "margin": None, "excluded": [],
            "baseline": None, "last_step": last,
-           "needs": [(c, agg[c, last]["n"]) for c in rule.candidates if (c, last) not in enough]}
+           "needs": [(c, agg[c, last]["n"]) for c in rule.candidates
+                     if (c, last) not in enough and planned[c] >= rule.min_seeds],
+           "too_few_planned": [(c, planned[c]) for c in rule.candidates if planned[c] < rule.min_seeds]}
     if not steps:
         out["excluded"] = list(rule.candidates)
         return out
@@ -230,6 +235,8 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
 
 
 def _needs_text(d: dict) -> str:
+    if not d["needs"]:
+        return f"not decided yet: no candidate lists {d['min_seeds']} training seeds"
     return (f"not decided yet: needs {d['min_seeds']} seeds at step {d['last_step']:,} of "
             + ", ".join(f"`{arm}` (has {n})" for arm, n in d["needs"]))
 
@@ -251,7 +258,14 @@ def verdict(spec: StudySpec, d: dict) -> str:
                 f"training-seed sd {d['margin']:.1f}")
     if d["needs"]:
         text += f"; provisional, {_needs_text(d)}"
-    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}."
+    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}.{_planned_text(d)}"
+
+
+def _planned_text(d: dict) -> str:
+    if not d["too_few_planned"]:
+        return ""
+    return (f" Not compared at all (their arms list fewer than {d['min_seeds']} training seeds; add seeds to compare "
+            f"them): {', '.join(f'`{arm}` ({n})' for arm, n in d['too_few_planned'])}.")
 
 
 def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
@@ -262,7 +276,7 @@ def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
              f"`{rule.reference}` and another candidate have ≥ {rule.min_seeds} training seeds.", ""]
     if d["step"] is None:
         return lines + [f"**Not decidable yet**: no step has ≥ {rule.min_seeds} seeds for `{rule.reference}` "
-                        f"and another candidate; {_needs_text(d)}.", ""]
+                        f"and another candidate; {_needs_text(d)}.{_planned_text(d)}", ""]
     lines += [f"Step {d['step']:,}:", "", "| rank | arm | FID mean ± sd | seeds |", "|---:|---|---:|---:|"]
     for i, (arm, mean, sd, n) in enumerate(d["ranking"], 1):
         lines.append(f"| {i} | `{arm}` | {mean:.1f} ± {sd:.1f} | {n} |")
@@ -282,8 +296,8 @@ def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
     if d["excluded"]:
         lines.append(f"Not included (fewer than {rule.min_seeds} seeds at step {d['step']:,}): "
                      f"{', '.join(f'`{c}`' for c in d['excluded'])}.")
-    lines.append(f"Final at the study's last step {d['last_step']:,}: every candidate has ≥ {rule.min_seeds} seeds "
-                 "there." if not d["needs"] else f"Provisional: {_needs_text(d)}.")
+    lines.append((f"Final at the study's last step {d['last_step']:,}: every candidate has ≥ {rule.min_seeds} "
+                  "seeds there." if not d["needs"] else f"Provisional: {_needs_text(d)}.") + _planned_text(d))
     return lines + [""]
 
 

@@ -301,6 +301,56 @@ def storage_failure(exc: OSError, kept: str) -> int:
     return 1
 
 
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # what a file of model weights may hold
+
+
+def tensors_problem(state: object, expected: dict | None = None) -> str | None:
+    """Why the tensors read from a weights file cannot be loaded as they are, or None.
+
+    Every tensor must be a dense tensor of a floating dtype (WEIGHT_DTYPES; integer, bool, complex or
+    quantized weights would be cast to float silently, the small ones becoming 0) holding no NaN or inf.
+    With ``expected`` (the model's state dict, e.g. on the meta device), each tensor it names must have its
+    shape, and where the model keeps a non-floating buffer, its dtype; keys it lacks are the caller's to
+    report. The answer names the tensor, e.g. ``tensor 'blocks.0.mlp.fc1.weight' has dtype int64 ...``.
+    """
+    import torch
+
+    if not isinstance(state, dict) or not state:
+        return "holds no tensors"
+    dtypes = {getattr(torch, name) for name in WEIGHT_DTYPES}
+    bad_dtype, bad_shape, nonfinite = [], [], []
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            return f"entry {shown(name, quote=True)} is a {type(t).__name__}, not a tensor"
+        want = expected.get(name) if expected is not None else None
+        if t.layout != torch.strided:
+            bad_dtype.append((name, f"a {str(t.layout).removeprefix('torch.')} tensor"))
+        elif want is not None and not want.is_floating_point():
+            if t.dtype != want.dtype:
+                bad_dtype.append((name, f"dtype {str(t.dtype).removeprefix('torch.')} (the model's is "
+                                        f"{str(want.dtype).removeprefix('torch.')})"))
+        elif t.dtype not in dtypes:
+            bad_dtype.append((name, f"dtype {str(t.dtype).removeprefix('torch.')}"))
+        if want is not None and tuple(t.shape) != tuple(want.shape):
+            bad_shape.append(f"{shown(name, quote=True)} {tuple(t.shape)} (the model's: {tuple(want.shape)})")
+        if not bad_dtype and t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+            nonfinite.append(name)
+
+    def more(items: list) -> str:
+        return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+    if bad_dtype:
+        name, what = bad_dtype[0]
+        return (f"tensor {shown(name, quote=True)} has {what}{more(bad_dtype)}; model weights are floating-point "
+                f"({', '.join(WEIGHT_DTYPES[:3])}), so these are not weights as saved by this project")
+    if bad_shape:
+        return f"tensor {bad_shape[0]}{more(bad_shape)} does not fit the model"
+    if nonfinite:
+        return (f"tensor {shown(nonfinite[0], quote=True)}{more(nonfinite)} holds NaN or inf: the weights are "
+                "damaged or the run diverged")
+    return None
+
+
 def first_line(exc: BaseException) -> str:
     """``Type: first line of the message``: torch.load's weights-only refusal, for one, runs to 20 lines."""
     text = str(exc).strip()

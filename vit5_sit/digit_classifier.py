@@ -124,13 +124,29 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
+    """The classifier in ``folder``; FileNotFoundError when it has none, ValueError (naming the file, the
+    tensor and the fix) when its file is unreadable or its tensors are not the network's finite weights."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from vit5_sit.checks import first_line, tensors_problem
+
     path = Path(folder) / "model.safetensors"
+    fix = "train it again with python -m vit5_sit.digit_classifier train"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no classifier; train it with python -m vit5_sit.digit_classifier train")
+        raise FileNotFoundError(f"{path}: no classifier; {fix}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({first_line(e)}); {fix}") from None
     model = DigitNet()
-    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    problem = (f"missing tensors {missing[:3]}" if missing else f"unexpected tensors {unexpected[:3]}" if unexpected
+               else tensors_problem(state, expected))
+    if problem:
+        raise ValueError(f"{path}: {problem}; {fix}")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
     return model.eval()
 
 
@@ -162,10 +178,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
         train_classifier(args.out, args.seed)
         return 0
-    return check(rest, args.classifier)
+    try:
+        classifier = load_classifier(args.classifier)  # before sampling: a bad file is refused at once
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: --classifier: {e}", file=sys.stderr)
+        return 2
+    return check(rest, classifier)
 
 
-def check(sample_args: list[str], classifier: str | Path = CLASSIFIER) -> int:
+def check(sample_args: list[str], classifier: str | Path | DigitNet = CLASSIFIER) -> int:
+
     """Sample a grid as `sample.py` would with these flags, classify it, print per-class counts."""
     import tempfile
 
@@ -181,7 +203,8 @@ def check(sample_args: list[str], classifier: str | Path = CLASSIFIER) -> int:
 
         images = np.stack([np.asarray(Image.open(f).convert("L")) for f in files])
         labels = np.asarray([int(f.stem.split("class")[1]) for f in files])
-    predicted = classify(images, load_classifier(classifier))
+    model = classifier if isinstance(classifier, DigitNet) else load_classifier(classifier)
+    predicted = classify(images, model)
     correct = per_class_correct(predicted, labels)
     per = np.bincount(labels, minlength=10)
     print("per class: " + ", ".join(f"{c}: {correct[c]}/{per[c]}" for c in range(10)))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checks import ModelLoadError, first_line
+from vit5_sit.checks import ModelLoadError, first_line, tensors_problem
 from vit5_sit.config import ExperimentConfig, load_config
 from vit5_sit.hub_files import parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
@@ -86,7 +86,8 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
         except StateDictMismatch as e:
             raise StateDictMismatch(_official_mismatch(path, name, e), e.file_fields, e.differing,
                                     e.details) from None
-        check_finite(model, path)
+        except (ValueError, FileNotFoundError) as e:  # unreadable, or tensors of a wrong dtype, NaN or inf
+            raise ModelLoadError(str(e)) from None
         return model.to(device).eval(), None
     folder, config_path = resolve_checkpoint(path)
     if not config_path.is_file():
@@ -98,7 +99,7 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     model = create_model(cfg.model_config())
     weights = _weights_in(folder, use_ema)
     try:
-        state = {k: v.float() for k, v in load_file(str(weights)).items()}
+        state = load_file(str(weights))
     except (SafetensorError, OSError) as e:
         raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
     missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
@@ -106,17 +107,59 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     if missing or unexpected or shapes:
         raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
                              f"{missing[:5]}, unexpected keys: {unexpected[:5]}, wrong shapes: {shapes[:5]})")
-    model.load_state_dict(state, strict=True)
-    check_finite(model, weights)
+    check_weights(state, model, weights)
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.to(device).eval(), cfg
 
 
+def check_model(path: str | Path, use_ema: bool = True) -> None:
+    """What `load_for_sampling` checks of one of our folders (run, checkpoint or model folder; not official
+    files), without building the model: for commands that load many models one after another (compare),
+    so that a bad one is refused before the first is sampled. Reads the weights one tensor at a time."""
+    from safetensors import SafetensorError, safe_open
+
+    folder, config_path = resolve_checkpoint(local_model_path(path))
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: no config.yaml found at {config_path}")
+    from vit5_sit.config import ConfigError
+
+    try:
+        with torch.device("meta"):
+            expected = create_model(load_config(config_path).model_config()).state_dict()
+    except ConfigError as e:
+        raise ModelLoadError(f"{config_path}: {e}") from None
+    weights = _weights_in(folder, use_ema)
+    try:
+        with safe_open(str(weights), "pt") as f:
+            names = set(f.keys())  # noqa: SIM118
+            missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+            if missing or unexpected:
+                raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
+                                     f"{missing[:5]}, unexpected keys: {unexpected[:5]})")
+            for name in sorted(names):
+                problem = tensors_problem({name: f.get_tensor(name)}, {name: expected[name]})
+                if problem:
+                    raise ModelLoadError(f"{weights}: {problem}; {WEIGHTS_FIX}")
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
+
+
+WEIGHTS_FIX = ("use an earlier checkpoint, or export the model folder again from a good one "
+               "(python -m vit5_sit.demo export RUN --out FOLDER)")
+
+
+def check_weights(state: dict[str, torch.Tensor], model: torch.nn.Module | None, source: str | Path) -> None:
+    """Refuse, before loading, tensors that the model would take silently and sample garbage with: a dtype
+    other than floating point (cast to float, the small weights become 0), another shape, NaN or inf
+    (`vit5_sit.checks.tensors_problem`). ``model``: the model they are for (None: dtype and finiteness only)."""
+    problem = tensors_problem(state, model.state_dict() if model is not None else None)
+    if problem:
+        raise ModelLoadError(f"{source}: {problem}; {WEIGHTS_FIX}")
+
+
 def check_finite(model: torch.nn.Module, source: str | Path) -> None:
-    """Refuse weights holding NaN or inf: they sample black or noise images without any error."""
-    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise ModelLoadError(f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:5])}); the "
-                             "weights are damaged or the run diverged: use an earlier checkpoint")
+    """Refuse a loaded model whose weights hold NaN or inf: they sample black or noise images without any error."""
+    check_weights(model.state_dict(), None, source)
 
 
 # Fields of an official file that a preset fixes; the others (input size, classes) are per-use overrides.

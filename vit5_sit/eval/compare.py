@@ -229,6 +229,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
 
     from vit5_sit import distributed as dist
     from vit5_sit.config import load_config
+    from vit5_sit.model_files import ModelLoadError, check_model
 
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
@@ -239,6 +240,12 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     runs = list(repo_of)
     names = {run: repo_of[run] or name for run, name in _run_names(runs).items()}
     plan = [(run, names[run], _run_checkpoints(run, log, every)) for run in runs]
+    for _, _, checkpoints in plan:  # weights of a wrong dtype or shape, NaN, inf: refused before any sampling
+        for ckpt in checkpoints:
+            try:
+                check_model(ckpt.path)
+            except ModelLoadError as e:
+                raise CompareError(str(e)) from None
     evaluator = None
     if dist.is_main():
         evaluator = Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)

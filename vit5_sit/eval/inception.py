@@ -243,6 +243,16 @@ class Inception:
         return pool, logits
 
 
+def _check_tensors(state: dict, model: torch.nn.Module, path: Path) -> None:
+    """Weights of the wrong dtype or shape, NaN or inf: refused, not cast into features that mean nothing."""
+    from vit5_sit.checks import tensors_problem
+
+    expected = model.state_dict()
+    problem = tensors_problem({k: v for k, v in state.items() if k in expected}, expected)
+    if problem:
+        raise InceptionWeightsError(f"{path}: {problem}; download the Inception weights again")
+
+
 def load_inception(
     weights: str | os.PathLike | None = None,  # weights file; None searches (module docstring)
     device: str | torch.device | None = None,  # None: CUDA when available, else CPU
@@ -259,6 +269,7 @@ def load_inception(
         ts_state = _load_torchscript_tensors(path)
         model = _new_torch_fidelity_inception(with_logits=False)
         state = convert_fid_helper_state_dict(ts_state, model)
+        _check_tensors({k: v for k, v in state.items() if not k.startswith("fc.")}, model, path)  # fc: NaN, unused
         has_logits = False
     else:
         try:
@@ -276,6 +287,7 @@ def load_inception(
             )
         has_logits = "fc.weight" in state
         model = _new_torch_fidelity_inception(with_logits=has_logits)
+        _check_tensors(state, model, path)
         if not has_logits:  # a converted dict saved without the classifier
             state = {**state, "fc.weight": torch.full((NUM_LOGITS, POOL_DIM), float("nan")),
                      "fc.bias": torch.full((NUM_LOGITS,), float("nan"))}

@@ -121,8 +121,9 @@ def state_dict_mismatch(expected: dict, state: dict) -> tuple[list[str], list[st
 def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denoiser:
     """Load an official SiT file into `model` strictly (see `read_state_dict`); returns the model.
 
-    Raises FileNotFoundError for a missing file, ValueError for an unreadable one or one that does not fit
-    the model's config (naming the fields to pass and the mismatched keys and shapes).
+    Raises FileNotFoundError for a missing file, ValueError for an unreadable one, one that does not fit
+    the model's config (naming the fields to pass and the mismatched keys and shapes), or one holding tensors
+    that are not finite floating-point numbers.
     """
     state = read_state_dict(path)
     missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
@@ -138,6 +139,11 @@ def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denois
         details = [d for d in details if d]
         raise StateDictMismatch(f"{path}: does not fit the model. " + "; ".join(hints + details), fields,
                                 differing, details)
+    from vit5_sit.checks import tensors_problem
+
+    problem = tensors_problem(state, model.state_dict())  # a dtype, NaN or inf that loading would hide
+    if problem:
+        raise ValueError(f"{path}: {problem}; download the file again")
     model.load_state_dict(state, strict=True)
     return model
 

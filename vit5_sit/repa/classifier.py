@@ -91,19 +91,34 @@ def save_classifier(model: Classifier, path: str | Path, **info) -> Path:
 
 def load_classifier(path: str | Path) -> Classifier:
     """A classifier file written by :func:`save_classifier` (or this module's CLI)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
+    from vit5_sit.checks import first_line, tensors_problem
     from vit5_sit.repa.encoders import EncoderError
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
+    key, make = f"repa.encoder={path}", "make one with `python -m vit5_sit.repa.classifier`"
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise EncoderError(f"{key}: not a safetensors file ({first_line(e)}); give timm:MODEL_NAME or an encoder "
+                           f".safetensors file: {make}") from None
     if meta.get("format") != FORMAT:
-        raise EncoderError(f"repa.encoder={path}: not an encoder file of this project (no {FORMAT!r} metadata); "
-                           "make one with `python -m vit5_sit.repa.classifier`")
-    cfg = ModelConfig(**json.loads(meta["model_config"]))
-    model = Classifier(cfg, int(meta["num_classes"]), int(meta["channels"]))
-    model.load_state_dict(load_file(str(path)), strict=True)
+        raise EncoderError(f"{key}: not an encoder file of this project (no {FORMAT!r} metadata); {make}")
+    try:
+        cfg = ModelConfig(**json.loads(meta["model_config"]))
+        model = Classifier(cfg, int(meta["num_classes"]), int(meta["channels"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise EncoderError(f"{key}: damaged metadata ({first_line(e)}); {make} again") from None
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    problem = (f"missing tensors {missing[:3]}" if missing else f"unexpected tensors {unexpected[:3]}" if unexpected
+               else tensors_problem(state, expected))
+    if problem:
+        raise EncoderError(f"{key}: {problem}; {make} again")
+    model.load_state_dict(state, strict=True)
     return model.eval()
 
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5_sit.checks import first_line, tensors_problem
+
 TIMM_PREFIX = "timm:"
 
 
@@ -92,6 +94,11 @@ def load_timm_encoder(name: str, weights: str = "", resolution: int = 0) -> Timm
         return _timm(timm.create_model(name, pretrained=True, **kwargs), resolution)
     model = timm.create_model(name, pretrained=False, **kwargs)
     state = _read_weights(Path(weights), "repa.encoder_weights")
+    expected = model.state_dict()
+    problem = tensors_problem({k: v for k, v in state.items() if k in expected}, expected)
+    if problem:
+        raise EncoderError(f"repa.encoder_weights={weights}: {problem}; save {name}'s weights again (see the "
+                           "README's REPA section)")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith(("head.", "fc.", "classifier."))]
     if missing:
@@ -109,14 +116,27 @@ def _timm(model: nn.Module, resolution: int) -> TimmEncoder:
 
 
 def _read_weights(path: Path, key: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file (.safetensors, or a torch file read with weights_only=True); any file
+    that cannot be read so is an EncoderError naming ``key``."""
+    import pickle
+
+    from safetensors import SafetensorError
+
     if not path.is_file():
         raise EncoderError(f"{key}={path}: no such file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        raise EncoderError(f"{key}={path}: not a weights file that can be read safely ({first_line(e)}); give "
+                           "a .safetensors file of the model's state dict") from None
+    state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+    if not isinstance(state, dict):
+        raise EncoderError(f"{key}={path}: holds a {type(state).__name__}, not a state dict of tensors")
+    return state
 
 
 def load_encoder(spec: str, weights: str = "", resolution: int = 0,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from vit5_sit.checks import first_line, process_alive
+from vit5_sit.checks import first_line, process_alive, tensors_problem
 from vit5_sit.utils import atomic_write_text, file_digest, save_safetensors
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
@@ -208,8 +208,6 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
     """(model state, EMA state, training state) of a verified checkpoint folder."""
     import pickle
 
-    from safetensors import SafetensorError
-
     path = Path(path)
     verify_checkpoint(path)
     try:
@@ -219,16 +217,34 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
                               f"({first_line(e)})") from None
     if not isinstance(state, dict) or "optimizer" not in state or "step" not in state:
         raise CheckpointError(f"{path / 'state.pt'}: not a training state (expected optimizer and step)")
-    weights = []
-    for name in ("model.safetensors", "ema.safetensors"):
-        try:
-            weights.append(load_file(str(path / name)))
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{path / name}: not a readable safetensors file ({e})") from None
+    weights = [_checked_weights(path / name) for name in ("model.safetensors", "ema.safetensors")]
+    optimizer = state["optimizer"].get("state") if isinstance(state["optimizer"], dict) else None
+    moments = {f"{i}.{k}": v for i, entry in (optimizer or {}).items() if isinstance(entry, dict)
+               for k, v in entry.items() if k != "step"}
+    problem = tensors_problem(moments) if moments else None
+    if problem:
+        raise CheckpointError(f"{path / 'state.pt'}: optimizer state: {problem}; {_EARLIER}")
     return weights[0], weights[1], state
+
+
+_EARLIER = "resume from an earlier checkpoint (--resume RUN/checkpoints/step_N) or start a new run"
+
+
+def _checked_weights(f: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint's weights file, refused unless all are finite floating-point numbers."""
+    from safetensors import SafetensorError
+
+    try:
+        weights = load_file(str(f))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{f}: not a readable safetensors file ({first_line(e)})") from None
+    problem = tensors_problem(weights)
+    if problem:
+        raise CheckpointError(f"{f}: {problem}; {_EARLIER}")
+    return weights
 
 
 def load_extra(path: str | Path, name: str) -> dict[str, torch.Tensor] | None:
     """The tensors of an extra file of a verified checkpoint (``projector.safetensors``), None if absent."""
     f = Path(path) / name
-    return load_file(str(f)) if f.is_file() else None
+    return _checked_weights(f) if f.is_file() else None

@@ -152,6 +152,9 @@ def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main:
     return start
 
 
+_WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors' names of vit5_sit.checks.WEIGHT_DTYPES
+
+
 def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
     """The checkpoint's ``model.safetensors`` has the names and shapes of the model ``cfg`` builds.
 
@@ -168,8 +171,14 @@ def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
     try:
         with safe_open(str(path), "pt") as f:
             state = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}  # noqa: SIM118
+            dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError):
         return
+    odd = [f"{k} ({d})" for k, d in dtypes.items() if d not in _WEIGHT_DTYPES]
+    if odd:
+        raise PreflightError(f"{path}: tensor {odd[0]}{f' and {len(odd) - 1} more' if len(odd) > 1 else ''} is "
+                             "not floating-point, so these are not weights saved by train.py; resume from another "
+                             "checkpoint (--resume RUN/checkpoints/step_N) or start a new run")
     mcfg = cfg.model_config()
     with torch.device("meta"):
         expected = create_model(mcfg).state_dict()

@@ -52,7 +52,7 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
 
 
 def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None, method: str | None = None,
-                     steps: int | None = None) -> SamplerConfig:
+                     steps: int | None = None, grid: str | None = None) -> SamplerConfig:
     """A model's sampler (``base``: its config's, None = the defaults) with some settings changed; switching
     ``mode`` without a ``method`` takes Euler, since the base's method belongs to the other mode."""
     fields = dataclasses.asdict(base if base is not None else SamplerConfig())
@@ -62,6 +62,8 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
         fields["method"] = method
     if steps is not None:
         fields["steps"] = steps
+    if grid is not None:
+        fields["grid"] = grid
     return SamplerConfig(**fields)
 
 
@@ -83,6 +85,7 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                   on_batch: Callable[[int], None] | None = None,  # called with each batch's image count
                   on_step: Callable[[], None] | None = None,  # called after each network evaluation
                   as_float: bool = False,  # True: (N, C, H, W) float32 in [-1, 1] as decoded, not quantised
+                  scheduler=None,  # a diffusers flow scheduler instead of `sampler` (sampler.steps steps)
                   ) -> np.ndarray | torch.Tensor:
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images."""
     if len(classes) != len(seeds):
@@ -117,7 +120,12 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
         rng = StackedRandomGenerator(batch_seeds, device)
         noise = rng.randn((cfg.in_channels, size, size))  # x0, at t = 0
         y = torch.as_tensor(list(classes[lo:lo + batch_size]), device=device, dtype=torch.long)
-        x1 = sample(net, noise, y, transport, sampler, rng=rng).samples  # the model's data space, at t = 1
+        if scheduler is not None:
+            from vit5_sit.transport.diffusers_schedulers import sample_with_scheduler
+
+            x1 = sample_with_scheduler(net, noise, y, transport, scheduler, sampler.steps).samples
+        else:
+            x1 = sample(net, noise, y, transport, sampler, rng=rng).samples  # the model's data space, at t = 1
         images = x1
         if vae is not None:
             from vit5_sit.data.vae import decode
@@ -132,7 +140,9 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
 def steps_per_batch(sampler: SamplerConfig) -> int | None:
     """Network evaluations of one batch (a guided call counts once); None for adaptive ODE solvers."""
     if sampler.mode == "ode":
-        return {"euler": sampler.steps, "heun": 2 * sampler.steps}.get(sampler.method)
+        if sampler.method not in FIXED_STEP_METHODS:
+            return None
+        return 2 * sampler.steps if sampler.method == "heun" else sampler.steps  # multistep: one call a step
     last = 0 if sampler.last_step == "none" else 1
     return (sampler.steps if sampler.method == "euler" else 2 * sampler.steps) + last
 

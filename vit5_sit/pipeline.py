@@ -32,8 +32,13 @@ images per class label; a tqdm bar over sampler steps (``set_progress_bar_config
   images differ from what diffusers' sampling would draw from the same generator state.
 - the output also carries ``class_labels`` and ``seeds``: the tuple is ``(images, class_labels, seeds)``,
   where ``DiTPipeline``'s is ``(images,)``; ``out[0]`` / ``tuple[0]`` are the images in both.
-- no scheduler object and no ``callback_on_step_end`` with latents: the samplers are whole functions of
-  the noise; ``on_step(done, total)`` reports each network evaluation, and ``max_nfe`` bounds them.
+- our samplers are whole functions of the noise (``sampler`` / ``method``, e.g. ``method="dpm++2m"``), not
+  scheduler objects; ``scheduler=`` takes a diffusers flow scheduler instead (``FlowMatchEulerDiscreteScheduler``,
+  or ``DPMSolverMultistepScheduler`` / ``UniPCMultistepScheduler`` with ``use_flow_sigmas=True,
+  prediction_type="flow_prediction"``; linear-path models only), driven through
+  `vit5_sit.transport.diffusers_schedulers` (their sigma = 1 - t, their model output = -velocity).
+  No ``callback_on_step_end`` with latents: ``on_step(done, total)`` reports each network evaluation, and
+  ``max_nfe`` bounds them.
 """
 
 from __future__ import annotations
@@ -101,11 +106,17 @@ class NFELimitError(RuntimeError):
 class Vit5SitPipeline:
     """A trained model, its config and (latent models) the VAE; call it to generate images."""
 
-    def __init__(self, model: Denoiser, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None):
+    def __init__(self, model: Denoiser, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None,
+                 scheduler=None):
         self.model = model.eval()
         self.config = config
         self.metrics = list(metrics or [])  # measured metrics, carried into save_pretrained's model card
         self.transport = Transport(config.transport)
+        if scheduler is not None:  # a diffusers flow scheduler; None = our samplers (the config's sampler)
+            from vit5_sit.transport.diffusers_schedulers import check_scheduler
+
+            check_scheduler(scheduler, self.transport)
+        self.scheduler = scheduler
         self.latent = config.data.kind == "latents"
         self._vae = vae                   # None until first needed: a name/path, or a loaded AutoencoderKL
         self._progress = {"disable": False}
@@ -118,6 +129,7 @@ class Vit5SitPipeline:
                         token: str | None = None,
                         vae=None,                             # latent models: None = the config's data.vae
                         device: torch.device | str = "cpu",
+                        scheduler=None,                       # a diffusers flow scheduler; None = ours
                         ) -> Vit5SitPipeline:
         """From a Hub repo id, a model folder, a run folder (newest valid checkpoint) or a checkpoint folder;
         None = the bundled demo model."""
@@ -125,7 +137,7 @@ class Vit5SitPipeline:
 
         loaded = PretrainedModel.from_pretrained(repo_id_or_path, revision=revision, cache_dir=cache_dir,
                                                  token=token, device=device)
-        return cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics)
+        return cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler)
 
     def _pretrained(self):
         from vit5_sit.hub import PretrainedModel
@@ -241,8 +253,14 @@ class Vit5SitPipeline:
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
         check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
         low, high = guidance_interval
+        if self.scheduler is not None and (sampler is not None or method is not None):
+            raise ValueError(f"sampler={sampler!r} / method={method!r}: this pipeline samples with its scheduler "
+                             f"({type(self.scheduler).__name__}); set pipe.scheduler = None to use ours")
         try:
-            settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
+            if self.scheduler is not None:  # its steps, one network evaluation each (counted as ODE Euler)
+                settings = sampler_settings(None, "ode", "euler", num_inference_steps or self.config.sampler.steps)
+            else:
+                settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
         except ValueError as e:
             raise ValueError(f"sampler / method / num_inference_steps: {e}") from None
         _check_batch_size(batch_size)
@@ -276,7 +294,8 @@ class Vit5SitPipeline:
         with self.progress_bar(steps * batches if evals else None) as bar:
             x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,
                               guidance_interval=(low, high), vae=self.vae, batch_size=batch_size,
-                              device=self.device, on_batch=batch_done, on_step=step, as_float=True)
+                              device=self.device, on_batch=batch_done, on_step=step, as_float=True,
+                              scheduler=self.scheduler)
         out = Vit5SitPipelineOutput(self._convert(x, output_type), labels, seeds)
         return out if return_dict else out.to_tuple()
 

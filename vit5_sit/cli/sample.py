@@ -84,8 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
     arg("--sampler", choices=("ode", "sde"), default=None, help="default: the run config's, else ode")
     arg("--method", default=None,
-        help="ode: euler, heun, dopri5, ...; sde: euler (Euler-Maruyama), heun (default: the config's)")
+        help="ode: euler, heun, dpm++2m, dpm++3m (DPM-Solver++ multistep, one network call a step), dopri5, ...; "
+             "sde: euler (Euler-Maruyama), heun (default: the config's)")
     arg("--steps", type=positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
+    arg("--grid", choices=("uniform", "shift", "logsnr", "edm"), default=None,
+        help="fixed-step methods: where the steps go in t (shift: SD3's, shift 3; logsnr: equal steps in "
+             "log(alpha/sigma); default: the config's)")
+    arg("--scheduler", choices=("flow-euler", "dpm-solver", "unipc"), default=None,
+        help="sample with a diffusers flow scheduler instead (FlowMatchEulerDiscreteScheduler, "
+             "DPMSolverMultistepScheduler / UniPCMultistepScheduler with flow sigmas), --steps steps; "
+             "linear-path models only; needs diffusers")
     arg("--image-size", type=positive_int, default=None, metavar="PX",
         help="output size in pixels (default: the trained size; official files: 256)")
     arg("--vae", default=None, type=path_text, metavar="NAME_OR_PATH",
@@ -169,16 +177,23 @@ def sampler_config(args, cfg):
     """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
     from vit5_sit.generate import sampler_settings
 
+    if args.scheduler is not None:
+        if args.sampler is not None or args.method is not None or args.grid is not None:
+            raise UsageError(f"--scheduler {args.scheduler}: samples with that diffusers scheduler; leave out "
+                             "--sampler/--method/--grid (or leave out --scheduler)")
+        steps = args.steps or (cfg.sampler.steps if cfg is not None else None)
+        return sampler_settings(None, "ode", "euler", steps)  # its steps, one network call each
     try:
-        return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps)
+        return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps,
+                                args.grid)
     except ValueError as e:
-        raise UsageError(f"--sampler/--method/--steps: {e}") from None
+        raise UsageError(f"--sampler/--method/--steps/--grid: {e}") from None
 
 
 def sampler_source(args, cfg) -> str:
     """Where the sampler settings came from, for the line sample.py prints before sampling."""
-    flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps))
-             if v is not None]
+    flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps),
+                            ("--grid", args.grid)) if v is not None]
     base = "the model's config" if cfg is not None else "the default"
     return f"{base} with {', '.join(flags)}" if flags else base
 
@@ -213,6 +228,9 @@ def check_flags(args) -> bool:
     if grid and (args.num_samples is not None or args.part_size is not None):
         raise UsageError("--num-samples/--part-size: for .npz outputs; a .png grid has --per-class images of "
                          "each class")
+    if not grid and args.scheduler is not None:
+        raise UsageError("--scheduler: for .png grids; a .npz for FID takes our solvers (e.g. --method dpm++2m), "
+                         "whose settings its resumable parts record")
     if not grid and args.save_images is not None:
         raise UsageError("--save-images: for .png grids; a .npz holds the images itself")
     guidance_flags(args.cfg_scale, args.guidance_interval)
@@ -268,19 +286,33 @@ def _run(args, grid: bool) -> int:
     except GuidanceError as e:
         raise UsageError(f"--cfg-scale: {e}") from None
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
+    scheduler = None
+    if args.scheduler is not None:
+        from vit5_sit.transport.diffusers_schedulers import SchedulerError, check_scheduler, make_scheduler
+
+        try:
+            scheduler = make_scheduler(args.scheduler)
+            check_scheduler(scheduler, transport)
+        except SchedulerError as e:
+            raise UsageError(f"--scheduler: {e}") from None
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
+    if scheduler is not None:  # grids only (check_flags)
+        common["scheduler"] = scheduler
     classes = classes_for(args, mcfg.num_classes, grid)
     size = loaded.input_size * loaded.factor
     if grid:
         seed_flag(args.seed, len(classes) * args.per_class)
         check_grid_size(len(classes), args.per_class, size)
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
-    what = f"{size}x{size}, {sampler.mode}/{sampler.method}{steps}, cfg {args.cfg_scale:g}"
-    dist.print0(f"sampler {sampler.mode}/{sampler.method}{steps} ({sampler_source(args, loaded.cfg)}), "
-                f"cfg {args.cfg_scale:g}")
+    if sampler.method in FIXED_STEP_METHODS and sampler.grid != "uniform":
+        steps += f" on the {sampler.grid} grid"
+    name = f"{sampler.mode}/{sampler.method}" if scheduler is None else f"diffusers {type(scheduler).__name__}"
+    what = f"{size}x{size}, {name}{steps}, cfg {args.cfg_scale:g}"
+    source = sampler_source(args, loaded.cfg) if scheduler is None else "--scheduler"
+    dist.print0(f"sampler {name}{steps} ({source}), cfg {args.cfg_scale:g}")
     start = time.perf_counter()
     try:
         if grid:

@@ -292,3 +292,22 @@ def test_the_bundled_study_evaluates_unguided_and_at_the_demos_guidance():
     assert spec.decision.min_seeds == 3 and "digit_accuracy" in spec.eval.metrics
     saved = saved_rows(spec, root / "docs" / "study" / "study.json", log=lambda *_: None)
     assert len(saved) >= 49 and {1.0} <= {r["cfg_scale"] for r in saved}  # every earlier score still counts
+
+
+def test_a_damaged_digit_classifier_is_one_named_error(tmp_path, monkeypatch):
+    import vit5_sit.digit_classifier as dc
+
+    samples = tmp_path / "s.npz"
+    np.savez(samples, arr_0=np.zeros((4, 32, 32, 3), np.uint8), arr_1=np.arange(4))
+    (tmp_path / "s.npz.json").write_text("{}")
+    bad = tmp_path / "classifier"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"not safetensors")
+    monkeypatch.setattr(dc, "CLASSIFIER", bad)
+    with pytest.raises(StudyError, match="eval.metrics: digit_accuracy: .*model.safetensors"):
+        runner.digit_accuracy(samples)
+    monkeypatch.setattr(dc, "CLASSIFIER", tmp_path / "none")
+    with pytest.raises(StudyError, match="digit_accuracy needs the digit classifier"):
+        runner.digit_accuracy(samples)
+    with pytest.raises(StudyError, match="digit_accuracy needs the digit classifier, and .* is missing"):
+        load_study(_study(tmp_path, {"metrics": ["fid", "digit_accuracy"]}))

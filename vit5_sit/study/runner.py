@@ -274,8 +274,14 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
     from vit5_sit.utils import atomic_write_text
 
     samples = Path(samples)
+    try:
+        weights = (CLASSIFIER / "model.safetensors").read_bytes()
+    except OSError as e:
+        raise StudyError(f"eval.metrics: digit_accuracy needs the digit classifier, and "
+                         f"{CLASSIFIER / 'model.safetensors'} cannot be read ({e.strerror or e}); "
+                         "python -m vit5_sit.digit_classifier train makes it") from None
     key = {"samples": hashlib.sha256(manifest_path(samples).read_bytes()).hexdigest(),
-           "classifier": hashlib.sha256((CLASSIFIER / "model.safetensors").read_bytes()).hexdigest()}
+           "classifier": hashlib.sha256(weights).hexdigest()}
     path = samples.with_name(f"{samples.stem}.digits-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]}"
                              ".json")
     try:
@@ -291,7 +297,11 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
     if images.shape[1:3] != (32, 32):
         raise StudyError(f"{samples}: digit_accuracy needs 32x32 digits, the samples are "
                          f"{images.shape[1]}x{images.shape[2]}; remove digit_accuracy from eval.metrics")
-    accuracy = float(np.mean(classify(images, load_classifier()) == labels))
+    try:
+        classifier = load_classifier(CLASSIFIER)
+    except (OSError, ValueError) as e:  # a damaged classifier file: one line, not a traceback
+        raise StudyError(f"eval.metrics: digit_accuracy: {e}") from None
+    accuracy = float(np.mean(classify(images, classifier) == labels))
     atomic_write_text(path, json.dumps({"key": key, "digit_accuracy": accuracy}, indent=1))
     return accuracy
 

@@ -200,6 +200,13 @@ def _eval_spec(raw: dict) -> EvalSpec:
             check_seeds(spec.noise_seed, spec.num_samples, "eval.noise_seed")
     except SeedError as e:
         raise StudyError(str(e)) from None
+    if "digit_accuracy" in spec.metrics:
+        from vit5_sit.digit_classifier import CLASSIFIER
+
+        if not (CLASSIFIER / "model.safetensors").is_file():
+            raise StudyError(f"eval.metrics: digit_accuracy needs the digit classifier, and "
+                             f"{CLASSIFIER / 'model.safetensors'} is missing; python -m vit5_sit.digit_classifier "
+                             "train makes it")
     if spec.noise_seed is not None and abs(spec.noise_seed - spec.sample_seed) < spec.num_samples:
         raise StudyError(f"eval.noise_seed: {spec.noise_seed} gives sample seeds {spec.noise_seed}.."
                          f"{spec.noise_seed + spec.num_samples - 1}, which overlap the main set ({spec.sample_seed}.."

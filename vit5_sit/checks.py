@@ -91,8 +91,42 @@ def output_folder(path: str | Path, flag: str) -> Path:
     return path
 
 
+MAX_INTEGER = 2**53  # the largest integer setting: beyond it a float (1e30) no longer names one exact integer
+
+
+def integer_problem(value: object) -> str | None:
+    """Why ``value`` (an int, or a float such as 1e3 that was meant as one) cannot be an integer setting, or
+    None: a float must be a whole number, and any value at most MAX_INTEGER in size (``1e30`` is no step
+    count or batch size: it is refused, not run until stopped)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "expected an integer"
+    if isinstance(value, float) and math.isnan(value):
+        return "expected an integer"
+    if abs(value) > MAX_INTEGER:  # inf too
+        return f"out of range: an integer setting is at most 2**53 = {MAX_INTEGER:,} in size"
+    if isinstance(value, float) and not value.is_integer():
+        return "expected an integer"
+    return None
+
+
+def integer(text: str) -> int:
+    """argparse type: an integer, written as one (``1000``) or as a whole number (``1e3``), at most MAX_INTEGER
+    in size: ``1.5``, ``1e30``, ``nan`` are refused naming the value."""
+    try:
+        value: int | float = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {shown(text, quote=True)}") from None
+    problem = integer_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}, got {shown(text)}")
+    return int(value)
+
+
 def _int_at_least(text: str, minimum: int, words: str) -> int:
-    value = int(text)
+    value = integer(text)
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be {words}, got {value}")
     return value

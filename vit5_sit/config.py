@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from vit5_sit.checks import path_problem, shown
+from vit5_sit.checks import integer_problem, path_problem, shown
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
 from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
@@ -360,10 +360,16 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(f"{key}={shown(value, quote=True)}: expected true or false")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}={shown(value, quote=True)}: expected an integer")
+            return value  # its size: _check_range (the key's own range first, then MAX_INTEGER)
+        if isinstance(value, str):  # '1e3' as YAML 1.1 reads it, e.g. inside a list
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        problem = integer_problem(value)  # a float: a whole number (1e3 -> 1000), not 1.5, nan or 1e30
+        if problem:
+            raise ConfigError(f"{key}={shown(value, quote=True)}: {problem}")
+        return int(value)
     if hint is float:
         number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -500,9 +506,11 @@ RANGES: dict[str, Range] = {
 
 
 def _check_range(key: str, value: Any) -> None:
-    if key in RANGES:
-        for v in value if isinstance(value, list | tuple) else [value]:
+    for v in value if isinstance(value, list | tuple) else [value]:
+        if key in RANGES:
             RANGES[key].check(key, v)
+        if isinstance(v, int) and not isinstance(v, bool) and (problem := integer_problem(v)):
+            raise ConfigError(f"{key}={shown(v)}: {problem}")
 
 
 def _check_consistency(cfg: ExperimentConfig) -> None:

@@ -43,6 +43,7 @@ from vit5_sit.checks import (
     UsageError,
     finite_float,
     guidance_flags,
+    integer,
     nonnegative_int,
     output_file,
     output_folder,
@@ -216,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=positive_int, default=None,
                    help="images per checkpoint, the same seeds and balanced classes for all (default: as many "
                         f"as the reference has, at most {COMPARE_MAX_SAMPLES})")
-    p.add_argument("--seed", type=int, default=0, help="image i has seed SEED + i (default: 0)")
+    p.add_argument("--seed", type=integer, default=0, help="image i has seed SEED + i (default: 0)")
     p.add_argument("--sampler", choices=("ode", "sde"), default=None,
                    help="default: the first run's config (its sampler section), as sample.py")
     p.add_argument("--method", default=None,

@@ -38,6 +38,7 @@ from vit5_sit.checks import (
     UsageError,
     finite_float,
     guidance_flags,
+    integer,
     output_file,
     output_folder,
     parse_device,
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--num-samples", type=positive_int, default=None,
         help=f".npz: number of images (default: {NPZ_DEFAULT_SAMPLES}); image i has class "
              "classes[i %% len(classes)]")
-    arg("--seed", type=int, default=0,
+    arg("--seed", type=integer, default=0,
         help="seed of the first image; image i has seed + i, each in [0, 2**32) (default: 0)")
     arg("--cfg-scale", type=finite_float, default=None,
         help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "

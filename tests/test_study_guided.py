@@ -311,3 +311,55 @@ def test_a_damaged_digit_classifier_is_one_named_error(tmp_path, monkeypatch):
         runner.digit_accuracy(samples)
     with pytest.raises(StudyError, match="digit_accuracy needs the digit classifier, and .* is missing"):
         load_study(_study(tmp_path, {"metrics": ["fid", "digit_accuracy"]}))
+
+
+@pytest.mark.slow
+def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monkeypatch):
+    """Real training and Inception: each checkpoint sampled at both scales (own cache folders), both scored,
+    the report with both sections, and a re-run served from the caches."""
+    from PIL import Image
+
+    from vit5_sit.eval.inception import find_inception_weights
+
+    try:
+        if find_inception_weights().path is None:
+            pytest.skip("no local Inception weights")
+    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
+        pytest.skip("no local Inception weights")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    for c in range(2):
+        (data / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
+        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
+        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 2, "keep_last": 0},
+        "log": {"tracker": "none", "sample_every": 0}}))
+    path = _study(tmp_path, {"num_samples": 16, "noise_seed": None, "steps": 2, "method": "euler",
+                             "cfg_scales": [1.0, 3.0], "metrics": ["fid"], "reference_data": str(data),
+                             "batch_size": 8},
+                  arms=[{"name": "a", "config": str(cfg)}], steps=[2], seeds=[0])
+    spec = load_study(path)
+    assert runner.train_all(spec, poll_s=0.5, log=lambda *_: None) == [("a", 0, 0)]
+    rows = runner.evaluate_all(spec, progress=False, log=lambda *_: None)
+    assert [(r["step"], r["cfg_scale"]) for r in rows] == [(2, 1.0), (2, 3.0)]
+    assert Path(rows[0]["samples"]).parent.name.endswith("cfg1") and Path(rows[1]["samples"]).parent.name.endswith(
+        "cfg3")
+    # (after 2 steps the zero-initialised adaLN ignores the label, so the images may agree: the manifests tell)
+    made = [json.loads(Path(r["samples"] + ".json").read_text()) for r in rows]
+    assert [m["cfg_scale"] for m in made] == [1.0, 3.0]
+    assert main(["report", str(path)]) == 0
+    text = (tmp_path / "results" / "study.md").read_text()
+    assert "### FID, unguided (cfg 1)" in text and "### FID, guided (cfg 3)" in text
+    assert (tmp_path / "results" / "fid_vs_step_cfg3.png").is_file() and (tmp_path / "results" / "grid_a_cfg3.png")\
+        .is_file()
+    import vit5_sit.generate as generate
+
+    monkeypatch.setattr(generate, "sample_to_npz", lambda *a, **k: (_ for _ in ()).throw(AssertionError("again")))
+    again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)
+    assert [r["fid"] for r in again] == [r["fid"] for r in rows]
+    saved = saved_rows(spec, tmp_path / "results" / "study.json")
+    assert runner.scored_steps(spec, spec.arms[0], 0, saved) == [2]

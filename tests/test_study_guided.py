@@ -208,7 +208,7 @@ def test_decisions_are_taken_separately_unguided_and_guided():
     acc = {(a["arm"], a["step"]): a for a in aggregate(spec, rows, "digit_accuracy", 6.0)}
     assert acc["r", 200]["mean"] == pytest.approx(0.95) and acc["r", 200]["n"] == 2
     assert "| r | c.yaml  | pending | 0.950 ± 0.000 (2 seeds) |" in text
-    assert "| r | c.yaml  | pending | not measured (s0, s1 scored before it was added) |" in text  # unguided
+    assert "| r | c.yaml  | pending | not measured (s0, s1 scored without it) |" in text  # unguided
 
 
 def test_not_decided_yet_says_which_seeds_are_needed_where():
@@ -255,7 +255,7 @@ def test_scores_saved_before_guidance_are_kept_as_unguided_and_new_metrics_read_
     assert "8 of the 9 scores are kept" in text
     assert "| a | c.yaml  | 100.5 ± 0.7 (2 seeds) | 100.5 ± 0.7 (2 seeds) |" in text  # unguided FID: unchanged
     assert "| a | c.yaml  | pending | 55.0 (1/2 seeds; missing s1) |" in text       # guided FID
-    assert "not measured (s0, s1 scored before it was added)" in text             # unguided digit accuracy
+    assert "not measured (s0, s1 scored without it)" in text             # unguided digit accuracy
     # written again in the new format, and read back: the same rows, nothing lost or duplicated
     write_report(spec, [], log=lambda *_: None)
     assert len(json.loads(path.read_text())["rows"]) == 9

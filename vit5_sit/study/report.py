@@ -308,7 +308,7 @@ def _seed_list(seeds: list[int]) -> str:
 def _cell(entry: dict, digits: int) -> str:
     if entry["mean"] is None:
         if entry["unmeasured"]:
-            return f"not measured ({_seed_list(entry['unmeasured'])} scored before it was added)"
+            return f"not measured ({_seed_list(entry['unmeasured'])} scored without it)"
         return "pending"
     text = f"{entry['mean']:.{digits}f}"
     if entry["sd"] is not None:

@@ -1,6 +1,6 @@
 """The sample.py command (vit5-sit-sample): a model's class-conditional images as a labelled PNG grid or a .npz.
 
-    # the bundled demo model (MNIST digits): writes samples.png, about 40 s on a 2-core CPU
+    # the bundled demo model (MNIST digits): writes samples.png (DPM-Solver++ 2M, 10 network calls)
     python sample.py
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder
@@ -414,9 +414,9 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
 def main(argv: list[str] | None = None) -> int:
     from vit5_sit.interrupt import sigterm_as_ctrl_c
 
-    args = build_parser().parse_args(argv)
     try:
         with sigterm_as_ctrl_c():  # `kill`, `timeout`, a scheduler's stop: kept work and lock as for Ctrl-C
+            args = build_parser().parse_args(argv)
             return run(args)
     except KeyboardInterrupt:  # while starting up (imports, loading the model): nothing to keep
         return interrupted("interrupted before any image was finished; run the same command again")

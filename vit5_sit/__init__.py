@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from vit5_sit.interrupt import started_as_command, stop_while_starting
+
+if started_as_command():  # before the command's imports (torch: seconds): SIGTERM then is one line, exit 130
+    stop_while_starting()
+
 PYPROJECT_VERSION = "0.1.0"  # fallback when the package is not installed (keep equal to pyproject.toml's version)
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vit5_sit.checks import path_text, positive_int
+from vit5_sit.interrupt import stops_cleanly
 
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
 DEFAULT_PORT = 7860          # Gradio's usual port
@@ -317,6 +318,7 @@ def _allow(text: str) -> list[str] | None:
     return [path_text(n) for n in names]
 
 
+@stops_cleanly("interrupted: the page is stopped; nothing was written")  # while starting (the model, Gradio)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)

@@ -80,19 +80,62 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+STARTING = "interrupted while starting: nothing was written; run the same command again"
+COMMAND_MODULES = ("vit5_sit.",)  # `python -m vit5_sit.X`: every module run so is a command
+COMMAND_SCRIPTS = "vit5-sit-"     # the console scripts of pyproject.toml
+
+
+def _stop_while_starting(signum, frame) -> None:
+    print(STARTING, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CODE)  # not KeyboardInterrupt: in the middle of an import it would be a traceback
+
+
+def stop_while_starting() -> None:
+    """Until a command's ``main`` takes the signals over (`sigterm_as_ctrl_c`, `deferred_sigint`), SIGTERM, and
+    Ctrl-C, print `STARTING` and exit with EXIT_CODE, instead of dying silently (exit -15) or with a traceback
+    while the command imports torch and its modules, which takes seconds.
+
+    Called at a command's very start: by the package's ``__init__`` when the process is one of our commands
+    (`started_as_command`), and by the scripts at the repository root. A signal that the parent left ignored
+    (``nohup``, a shell's background job for SIGINT) stays ignored. Off the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        current = signal.getsignal(sig)
+        if current in (signal.SIG_DFL, signal.default_int_handler):  # not SIG_IGN, nor a handler of a host
+            signal.signal(sig, _stop_while_starting)
+
+
+def started_as_command() -> bool:
+    """Whether this process runs one of our commands: ``python -m vit5_sit.X`` (seen while the package is
+    imported on the way to X, when sys.argv[0] is still '-m') or a console script ``vit5-sit-*``."""
+    import os
+
+    argv = getattr(sys, "orig_argv", [])
+    if sys.argv[:1] == ["-m"] and "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1].startswith(COMMAND_MODULES)
+    return bool(sys.argv) and os.path.basename(sys.argv[0]).startswith(COMMAND_SCRIPTS)
+
+
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[None]:
     """Within this block SIGTERM (``kill PID``, ``timeout``, a scheduler's stop) raises KeyboardInterrupt, as
     Ctrl-C does, so the ``except KeyboardInterrupt`` paths that keep finished work and release locks run for
-    it too. Off the main thread (where no handler can be set) it does nothing."""
+    it too; Ctrl-C too, when `stop_while_starting` had taken it (an ignored one stays ignored). Off the main
+    thread (where no handler can be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is _stop_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is _stop_while_starting:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _stdout_closed() -> int:

@@ -25,6 +25,17 @@ from vit5_sit.interrupt import quiet_when_piped
 
 @quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
+    from vit5_sit.interrupt import EXIT_CODE, STARTING, sigterm_as_ctrl_c
+
+    try:
+        with sigterm_as_ctrl_c():  # from the first line: SIGTERM while starting is one line and exit 130
+            return _main(argv)
+    except KeyboardInterrupt:  # before training began (from then on its own handlers keep a checkpoint)
+        print(STARTING, file=sys.stderr, flush=True)
+        return EXIT_CODE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=path_text,
                         help="YAML experiment config (configs/...); defaults apply without one")

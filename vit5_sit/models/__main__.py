@@ -10,11 +10,11 @@ import argparse
 import sys
 
 from vit5_sit.checks import positive_int
-from vit5_sit.interrupt import quiet_when_piped
+from vit5_sit.interrupt import stops_cleanly
 
 
-@quiet_when_piped
-def main(argv: list[str] | None = None) -> None:
+@stops_cleanly("interrupted: nothing was written; run the same command again")  # (quiet when piped too)
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vit5_sit.models", description=__doc__.splitlines()[0])
     parser.add_argument("--input-size", type=positive_int, default=None,
                         help="input height = width for the GFLOPs (default: each preset's); presets whose patch "
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         fits = args.input_size is None or args.input_size % cfg.patch_size == 0
         gflops = f"{count_flops(cfg, args.input_size) / 1e9:>9.2f}" if fits else f"{'-':>9}"
         print(f"{name:<12} {params:>15,} {trainable:>15,} {gflops}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -86,11 +86,11 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 @quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    _check_flags(p, args)
     try:
-        with sigterm_as_ctrl_c():  # evaluation too (training sets its own handlers for its runs)
+        with sigterm_as_ctrl_c():  # from the start; evaluation too (training sets its own handlers for its runs)
+            p = parser()
+            args = p.parse_args(argv)
+            _check_flags(p, args)
             return _run(args)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)

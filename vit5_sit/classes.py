@@ -18,6 +18,9 @@ IMAGENET_NUM_CLASSES = 1000
 DEFAULT_IMAGENET_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]  # DiT's sample.py grid
 MAX_GRID_CLASSES = 16  # a grid shows every class of a model with at most this many
 _RANGE = re.compile(r"^([0-9]+)\s*-\s*([0-9]+)$")
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number as written: -1, +3, 1.5, 1e3
+_NUMBER = re.compile(rf"^(?:{_NUM}|[-+]?inf|[-+]?nan)$", re.IGNORECASE | re.ASCII)
+_NUMBER_RANGE = re.compile(rf"^{_NUM}\s*-\s*{_NUM}$", re.ASCII)
 _SAME_NAME = {134: "crane, the bird", 517: "crane, the machine"}  # one name, two classes, no other synonym
 
 
@@ -121,6 +124,11 @@ def parse_classes(spec: str, num_classes: int) -> list[int]:
             if lo > hi:
                 raise ClassSpecError(f"class range {item!r}: start is after end (write {hi}-{lo})")
             ids = list(range(lo, hi + 1))
+        elif _NUMBER.match(item) or _NUMBER_RANGE.match(item):  # -1, 1.5, 1e3, -1-5: numbers, not names
+            what = "range" if _NUMBER_RANGE.match(item) else "id"
+            raise ClassSpecError(f"class {what} {item if len(item) <= 18 else item[:15] + '...'} out of range: "
+                                 f"this model has {num_classes} classes (ids 0-{num_classes - 1}, whole numbers; "
+                                 f"a range is START-END, e.g. 0-{min(9, num_classes - 1)})")
         elif num_classes == IMAGENET_NUM_CLASSES:
             ids = [_lookup_name(item)]
         else:

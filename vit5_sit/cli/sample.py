@@ -53,6 +53,7 @@ from vit5_sit.interrupt import quiet_when_piped
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
 PART_SIZE = 256              # vit5_sit.generate.PART_SIZE (not imported: --help stays fast)
+MAX_IMAGE_SIZE = 9_459       # pixels a side: isqrt(generate.MAX_GRID_PIXELS), the largest image PIL opens
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,6 +235,9 @@ def check_flags(args) -> bool:
                          "whose settings its resumable parts record")
     if not grid and args.save_images is not None:
         raise UsageError("--save-images: for .png grids; a .npz holds the images itself")
+    if args.image_size is not None and args.image_size > MAX_IMAGE_SIZE:
+        raise UsageError(f"--image-size {args.image_size}: at most {MAX_IMAGE_SIZE} (a larger image has more "
+                         f"pixels than PIL opens); models sample well near the size they were trained at")
     guidance_flags(args.cfg_scale, args.guidance_interval)
     seed_flag(args.seed, 1 if grid else args.num_samples or NPZ_DEFAULT_SAMPLES)  # a grid's count: below
     output_file(out, "--out")
@@ -306,7 +310,7 @@ def _run(args, grid: bool) -> int:
     size = loaded.input_size * loaded.factor
     if grid:
         seed_flag(args.seed, len(classes) * args.per_class)
-        check_grid_size(len(classes), args.per_class, size)
+        check_grid_size(len(classes), args.per_class, size, args.image_size is not None)
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     if sampler.method in FIXED_STEP_METHODS and sampler.grid != "uniform":
         steps += f" on the {sampler.grid} grid"
@@ -337,14 +341,16 @@ def _run(args, grid: bool) -> int:
     return 0
 
 
-def check_grid_size(nrow: int, ncol: int, size: int) -> None:
-    """Refuse, before sampling, a grid larger than PIL (and most viewers) will open again."""
+def check_grid_size(nrow: int, ncol: int, size: int, sized: bool = False) -> None:
+    """Refuse, before sampling, a grid larger than PIL (and most viewers) will open again, naming the flags that
+    make it so (``sized``: --image-size was given)."""
     from vit5_sit.generate import MAX_GRID_PIXELS, grid_pixels
 
     pixels = grid_pixels(nrow, ncol, size)
     if pixels > MAX_GRID_PIXELS:
-        raise UsageError(f"--classes/--per-class: a grid of {nrow} x {ncol} images of {size}px has {pixels:,} pixels, "
-                         f"more than PIL opens ({MAX_GRID_PIXELS:,}); draw fewer, or write them to --out FILE.npz")
+        flags = "--classes/--per-class" + ("/--image-size" if sized else "")
+        raise UsageError(f"{flags}: a grid of {nrow} x {ncol} images of {size}px has {pixels:,} pixels, more than "
+                         f"PIL opens ({MAX_GRID_PIXELS:,}); draw fewer or smaller, or write them to --out FILE.npz")
 
 
 class GridInterrupted(Exception):

@@ -196,23 +196,35 @@ def test_reference_from_a_folder_matches_array_features(inception, digits, mnist
 
 
 def test_reference_stores_only_what_its_metrics_need(mnist_features, tmp_path):
-    """Features without sigma (recomputed on reading) by default; mu and a float32 sigma for FID alone."""
+    """ADM's statistics (mu, sigma float64) always; the features too when precision/recall/KID need them."""
     feats = mnist_features["real_a"].pool
     with_features = compute_reference(_StubImages(feats), tmp_path / "f.npz", _StubInception(feats))
     fid_only = compute_reference(_StubImages(feats), tmp_path / "s.npz", _StubInception(feats), metrics="fid")
     with np.load(tmp_path / "f.npz") as f, np.load(tmp_path / "s.npz") as s:
-        assert "features" in f and "sigma" not in f
-        assert "sigma" in s and "features" not in s and s["sigma"].dtype == np.float32
+        assert "features" in f and f["sigma"].dtype == np.float64
+        assert "sigma" in s and "features" not in s and s["sigma"].dtype == np.float64
     a, b = open_reference(tmp_path / "f.npz"), open_reference(tmp_path / "s.npz")
     assert with_features.features is not None and fid_only.features is None and b.features is None
     mu, sigma = feature_statistics(feats)
-    np.testing.assert_allclose(a.sigma, sigma, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(b.sigma, sigma, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a.sigma, sigma, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(b.sigma, sigma, rtol=1e-12, atol=1e-15)
     fid_a = evaluate(mnist_features["real_b"], a, "fid")["fid"]
     fid_b = evaluate(mnist_features["real_b"], b, "fid")["fid"]
-    assert abs(fid_a - fid_b) < 1e-3 * max(1.0, fid_a)
+    assert abs(fid_a - fid_b) < 1e-9 * max(1.0, fid_a)
     assert "precision" in evaluate(mnist_features["real_b"], a, "pr")
     assert "precision" in evaluate(mnist_features["real_b"], b, "pr")["skipped"]
+
+
+def test_version_1_reference_files_are_still_read(mnist_features, tmp_path):
+    """Files written before sFID: mu and features (sigma recomputed) or mu and a float32 sigma."""
+    feats = mnist_features["real_a"].pool
+    np.savez(tmp_path / "f.npz", mu=feats.mean(0), features=feats, format="vit5_sit.eval.reference/1")
+    np.savez(tmp_path / "s.npz", mu=feats.mean(0), sigma=np.cov(feats, rowvar=False).astype(np.float32))
+    mu, sigma = feature_statistics(feats)
+    for name in ("f.npz", "s.npz"):
+        ref = open_reference(tmp_path / name)
+        np.testing.assert_allclose(ref.sigma, sigma, rtol=1e-5, atol=1e-7)
+        assert ref.mu_s is None
 
 
 class _StubImages(ImageSource):
@@ -280,7 +292,7 @@ def test_folders_read_the_same_image_files_as_training(tmp_path):
 def test_adm_reference_batch_uses_its_statistics_and_images(tmp_path):
     path = tmp_path / "VIRTUAL_tiny.npz"
     images = np.zeros((4, 8, 8, 3), dtype=np.uint8)
-    np.savez(path, arr_0=images, mu=np.ones(2048), sigma=np.eye(2048), mu_s=np.zeros(7), sigma_s=np.eye(7))
+    np.savez(path, arr_0=images, mu=np.ones(2048), sigma=np.eye(2048), mu_s=np.zeros(2023), sigma_s=np.eye(2023))
     ref = open_reference(path)
     assert "ADM reference batch" in ref.description and ref.features is None
     assert ref.mu[0] == 1.0 and ref.images.num_images == 4

@@ -144,8 +144,9 @@ def test_evaluate_on_features_reports_skipped_metrics_with_reasons():
     result = evaluate(samples, reference, progress=False, kid_subset_size=20)
     assert set(result) >= {"fid", "precision", "recall", "kid", "kid_std", "skipped"}
     assert "is" in result["skipped"] and "logits" in result["skipped"]["is"]
+    assert "sfid" in result["skipped"] and "sFID features" in result["skipped"]["sfid"]
     table = format_markdown(result)
-    assert "| FID | IS | precision | recall | KID |" in table and "n/a" in table and "- is: n/a" in table
+    assert "| FID | sFID | IS | precision | recall | KID |" in table and "- is: n/a" in table
 
 
 def test_evaluate_computes_inception_score_from_logits():

@@ -110,7 +110,8 @@ def cmd_ref(args) -> int:
                             num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics)
     skipped = getattr(images.images, "skipped", [])
     note = f" ({len(skipped)} unreadable image(s) skipped, listed above)" if skipped else ""
-    kept = "features" if ref.features is not None else "mu and sigma (FID only)"
+    kept = ("mu, sigma, mu_s, sigma_s" + (" and features" if ref.features is not None else "")
+            + (" and the images (arr_0)" if getattr(args, "keep_images", False) else ""))
     size = Path(args.out).stat().st_size / 1e6
     print(f"Wrote {args.out} ({size:.1f} MB): {kept} of {images.images.num_images - len(skipped)} images{note}, "
           f"Inception {inception.describe()}")
@@ -197,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".npz (arr_0 uint8 NxHxWx3) or image folder")
     p.add_argument("--ref", required=True, type=path_text, metavar="NPZ_OR_DIR",
                    help="statistics .npz from `ref`, ADM reference batch, or images")
-    p.add_argument("--metrics", default="fid,is,pr,kid",
-                   help="comma-separated: fid, is, pr (precision and recall), kid (default: all)")
+    p.add_argument("--metrics", default="fid,sfid,is,pr,kid",
+                   help="comma-separated: fid, sfid, is, pr (precision and recall), kid (default: all)")
     p.add_argument("--json", default=None, type=path_text, metavar="PATH", help="also write the result as JSON")
     p.add_argument("--kid-subset-size", type=positive_int, default=1000,
                    help="images per KID subset (default: 1000)")
@@ -228,9 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="classifier-free guidance; 1 = none (default)")
     p.add_argument("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
                    help="guide only for t in [LOW, HIGH] (default: 0 1)")
-    p.add_argument("--metrics", default="fid,is,pr",
-                   help="comma-separated: fid, is, pr (precision and recall), kid (JSON only) "
-                        "(default: fid,is,pr)")
+    p.add_argument("--metrics", default="fid,sfid,is,pr",
+                   help="comma-separated: fid, sfid, is, pr (precision and recall), kid (JSON only) "
+                        "(default: fid,sfid,is,pr)")
     p.add_argument("--sample-batch-size", type=positive_int, default=64,
                    help="images per sampling forward per process (default: 64)")
     p.add_argument("--every", type=positive_int, default=None, metavar="STEPS",

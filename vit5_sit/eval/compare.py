@@ -24,12 +24,12 @@ from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
-from .evaluation import LazyInception, evaluate, parse_metrics, reference_features
+from .evaluation import LazyInception, evaluate, parse_metrics, prepare_reference
 from .inception import find_inception_weights
 from .metrics import feature_statistics
 from .sources import Reference, open_reference
 
-TABLE_METRICS = ("fid", "is", "precision", "recall")
+TABLE_METRICS = ("fid", "sfid", "is", "precision", "recall")  # the papers' columns, in their order
 
 
 class CompareError(EvalError):
@@ -116,15 +116,17 @@ class Evaluator:
         return self._net.get()
 
     def reference(self) -> Reference:
-        """The reference with its features computed once (not once per checkpoint) when it has images only."""
+        """The reference with its features (and sFID statistics) computed once, not once per checkpoint, when
+        it has images only."""
         if self._reference is None:
             ref = open_reference(self.reference_arg)
-            feats = reference_features(ref, self.metrics, self._net, self.batch_size, progress=self.progress)
-            if ref.features is None and feats is not None:
-                mu, sigma = (ref.mu, ref.sigma) if ref.mu is not None else feature_statistics(feats)
-                ref = Reference(ref.description, mu, sigma, features=feats,
-                                inception_weights=self.inception().describe())
-            self._reference = ref
+            ready = prepare_reference(ref, self.metrics, self._net, self.batch_size, progress=self.progress)
+            if ready is not ref:  # computed from images: keep the features and statistics, not the images
+                mu, sigma = (ref.mu, ref.sigma) if ref.mu is not None else feature_statistics(ready.features)
+                ready = Reference(ref.description, mu, sigma, features=ready.features,
+                                  inception_weights=self.inception().describe(), mu_s=ready.mu_s,
+                                  sigma_s=ready.sigma_s)
+            self._reference = ready
         return self._reference
 
     def __call__(self, samples: Path) -> dict:
@@ -349,7 +351,7 @@ def _fmt(row: dict, metric: str) -> str:
         return "n/a"
     if metric == "is" and "is_std" in row:
         return f"{value:.2f} ± {row['is_std']:.2f}"
-    return f"{value:.2f}" if metric in ("fid", "is") else f"{value:.3f}"
+    return f"{value:.2f}" if metric in ("fid", "sfid", "is") else f"{value:.3f}"
 
 
 def _shown_path(path: str) -> str:
@@ -372,7 +374,7 @@ def format_table(rows: list[dict], settings: CompareSettings, key: dict) -> str:
     """The markdown of compare.md: settings, one table row per (run, step), notes on n/a metrics."""
     shown = [m for m in TABLE_METRICS if m in settings.metrics]
     key = _shown_key(key)
-    labels = {"fid": "FID", "is": "IS", "precision": "precision", "recall": "recall"}
+    labels = {"fid": "FID", "sfid": "sFID", "is": "IS", "precision": "precision", "recall": "recall"}
     s = settings
     interval = tuple(s.guidance_interval)
     guided = f", guidance interval {list(interval)}" if interval != (0.0, 1.0) else ""

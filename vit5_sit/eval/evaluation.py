@@ -1,12 +1,14 @@
-"""evaluate(): samples vs reference -> FID / IS / precision / recall / KID; compute_reference() caches one.
+"""evaluate(): samples vs reference -> FID / sFID / IS / precision / recall / KID (the papers' columns, in
+their order, then KID); compute_reference() caches a reference.
 
 Metrics that cannot be computed are not guessed: they land in `result['skipped']` with the reason (Inception
 Score with weights that have no classifier; precision/recall/KID against a reference that holds only
-mu/sigma).
+mu/sigma; sFID against a reference file written before sFID existed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,12 +19,22 @@ from vit5_sit.utils import atomic_write_file
 from . import metrics as M
 from .errors import EvalError
 from .inception import NO_LOGITS_REASON, Inception, load_inception
-from .sources import REFERENCE_FORMAT, Features, Reference, compute_features, open_images, open_reference
+from .sources import (
+    REFERENCE_FORMAT,
+    ArrayImages,
+    Features,
+    Reference,
+    compute_features,
+    open_images,
+    open_reference,
+)
 
-METRICS = ("fid", "is", "precision", "recall", "kid")
+METRICS = ("fid", "sfid", "is", "precision", "recall", "kid")  # the papers' table order (ADM), then KID
 ALIASES = {"pr": ("precision", "recall")}  # shorthand accepted by parse_metrics and the CLI
 NEEDS_REFERENCE_FEATURES = ("precision", "recall", "kid")
 POOL_DIMS = 2048  # Inception pool features per image
+SPATIAL_DIMS = 2023  # sFID features per image (mixed_6/conv, 17 x 17 x 7)
+CHOICES = "fid, sfid, is, pr (= precision and recall), kid"
 
 
 def parse_metrics(metrics: str | Iterable[str]) -> tuple[str, ...]:
@@ -35,9 +47,9 @@ def parse_metrics(metrics: str | Iterable[str]) -> tuple[str, ...]:
         elif name in METRICS:
             chosen.add(name)
         elif name:
-            raise EvalError(f"unknown metric '{name}'; choose from fid, is, pr (= precision and recall), kid")
+            raise EvalError(f"unknown metric '{name}'; choose from {CHOICES}")
     if not chosen:
-        raise EvalError("no metrics chosen; choose from fid, is, pr, kid")
+        raise EvalError(f"no metrics chosen; choose from {CHOICES}")
     return tuple(m for m in METRICS if m in chosen)
 
 
@@ -54,15 +66,37 @@ class LazyInception:
         return self.inception
 
 
+def prepare_reference(ref: Reference, metrics: Iterable[str], net: LazyInception, batch_size: int = 64,
+                      num_workers: int = 0, progress: bool = True) -> Reference:
+    """The reference with what `metrics` need and it does not store computed from its images, in one Inception
+    pass: pool features (precision, recall, KID; FID when no mu/sigma is stored) and the sFID statistics
+    (when no mu_s/sigma_s is stored). Stored statistics win (an ADM batch's mu/sigma/mu_s/sigma_s are its
+    published ones). Without images, the reference is returned as it is."""
+    metrics = tuple(metrics)
+    need_pool = ref.features is None and (any(m in NEEDS_REFERENCE_FEATURES for m in metrics)
+                                          or ("fid" in metrics and ref.mu is None))
+    need_spatial = "sfid" in metrics and ref.mu_s is None
+    if ref.images is None or not (need_pool or need_spatial):
+        return ref
+    feats = compute_features(ref.images, net.get(), batch_size, num_workers, progress, desc="reference")
+    out = dataclasses.replace(ref, features=ref.features if ref.features is not None else feats.pool,
+                              inception_weights=ref.inception_weights or net.get().describe())
+    if out.mu_s is None and feats.spatial is not None and len(feats.spatial) >= 2:
+        out.mu_s, out.sigma_s = M.feature_statistics(feats.spatial)
+    return out
+
+
 def reference_features(ref: Reference, metrics: Iterable[str], net: LazyInception, batch_size: int = 64,
                        num_workers: int = 0, progress: bool = True) -> np.ndarray | None:
     """The reference's pool features (N, 2048): the stored ones, else computed from its images when one of
     `metrics` needs them (precision, recall, KID; FID when no mu/sigma is stored); else None."""
-    metrics = tuple(metrics)
-    needed = any(m in NEEDS_REFERENCE_FEATURES for m in metrics) or ("fid" in metrics and ref.mu is None)
-    if ref.features is None and ref.images is not None and needed:
-        return compute_features(ref.images, net.get(), batch_size, num_workers, progress, desc="reference").pool
-    return ref.features
+    return prepare_reference(ref, metrics, net, batch_size, num_workers, progress).features
+
+
+def _no_sfid_reason(ref: Reference) -> str:
+    return (f"the reference {ref.description} has no sFID statistics (mu_s, sigma_s; files written before sFID "
+            "existed have none) and no images to compute them from; recompute it: "
+            "python eval_fid.py ref --data <images> --out <ref.npz>")
 
 
 def evaluate(
@@ -89,6 +123,8 @@ def evaluate(
     """
     chosen = parse_metrics(metrics)
     ref = open_reference(reference)
+    if isinstance(reference, Features) and reference.spatial is not None and len(reference.spatial) >= 2:
+        ref.mu_s, ref.sigma_s = M.feature_statistics(reference.spatial)
     net = LazyInception(inception, inception_weights, device)
     skipped: dict[str, str] = {}
 
@@ -101,9 +137,10 @@ def evaluate(
         sample_desc = source.description
         feats = compute_features(source, net.get(), batch_size, num_workers, progress, desc="samples")
 
-    # Reference features, when a metric needs them and they are not stored.
+    # Reference features and sFID statistics, when a metric needs them and they are not stored.
     wants_features = [m for m in chosen if m in NEEDS_REFERENCE_FEATURES]
-    ref_features = reference_features(ref, chosen, net, batch_size, num_workers, progress)
+    ref = prepare_reference(ref, chosen, net, batch_size, num_workers, progress)
+    ref_features = ref.features
     if ref_features is None:
         for m in wants_features:
             skipped[m] = (
@@ -133,6 +170,17 @@ def evaluate(
             mu_r, sigma_r = (ref.mu, ref.sigma) if ref.mu is not None else M.feature_statistics(ref_features)
             result["fid"] = M.frechet_distance(*M.feature_statistics(feats.pool), mu_r, sigma_r)
         attempt(("fid",), fid)
+
+    if "sfid" in chosen:  # ADM's sFID: the Fréchet distance of the mixed_6/conv features (2,023 per image)
+        if feats.spatial is None:
+            skipped["sfid"] = ("the sample features carry no sFID features (mixed_6/conv); compute them with "
+                               "vit5_sit.eval's Inception")
+        elif ref.mu_s is None:
+            skipped["sfid"] = _no_sfid_reason(ref)
+        else:
+            def sfid():
+                result["sfid"] = M.frechet_distance(*M.feature_statistics(feats.spatial), ref.mu_s, ref.sigma_s)
+            attempt(("sfid",), sfid)
 
     if "is" in chosen:
         if feats.logits is None:
@@ -170,17 +218,29 @@ def _metric_device(net: LazyInception):
     return net.inception.device if net.inception is not None else (net.device or "cpu")
 
 
-def reference_file_bytes(num_images: int, metrics: str | Iterable[str] = ("fid", "precision", "recall")) -> int:
-    """About the size of the .npz `compute_reference` writes for ``num_images`` images and ``metrics``."""
-    dims = POOL_DIMS
+def reference_file_bytes(num_images: int, metrics: str | Iterable[str] = ("fid", "precision", "recall"),
+                         image_bytes: int = 0) -> int:
+    """About the size of the .npz `compute_reference` writes for ``num_images`` images and ``metrics``;
+    ``image_bytes``: bytes per image when the images are kept (arr_0)."""
     keep_features = any(m in NEEDS_REFERENCE_FEATURES for m in parse_metrics(metrics))
-    stored = num_images * dims * 4 if keep_features else dims * dims * 4
-    return stored + dims * 8 + 4096
+    features = num_images * POOL_DIMS * 4 if keep_features else 0
+    statistics = (POOL_DIMS * POOL_DIMS + POOL_DIMS + SPATIAL_DIMS * SPATIAL_DIMS + SPATIAL_DIMS) * 8
+    return features + statistics + num_images * image_bytes + 4096
+
+
+def _read_all_images(images) -> np.ndarray:
+    """Every image of a source as one uint8 array (N, H, W, 3), for arr_0; images of one size only."""
+    batches = list(images.iter_batches(256))
+    sizes = sorted({b.shape[1:3] for b in batches})
+    if len(sizes) > 1:
+        raise EvalError(f"{images.description} holds images of {len(sizes)} sizes ({sizes[0]}, {sizes[1]}, ...); "
+                        "arr_0 (--keep-images) needs one size: resize them first")
+    return np.concatenate(batches)
 
 
 def compute_reference(
     source,                             # images (folder, .npz, array) or an ADM reference batch
-    out_path,                           # .npz to write: mu, sigma, features, num_images, provenance
+    out_path,                           # .npz to write (ADM's keys): mu, sigma, mu_s, sigma_s, features, arr_0
     inception: Inception | None = None, # None: load_inception(inception_weights, device)
     inception_weights=None,
     device=None,
@@ -188,30 +248,44 @@ def compute_reference(
     num_workers: int = 0,
     progress: bool = True,
     metrics: str | Iterable[str] = ("fid", "precision", "recall"),  # what the file must serve
+    keep_images: bool = False,          # also store the images as arr_0: a complete ADM reference batch
 ) -> Reference:
-    """Compute the reference's Inception features once and store what ``metrics`` need.
+    """Compute the reference's Inception features once and store them in ADM's reference-batch layout.
 
-    Precision, recall and KID need the features themselves: the file then holds the features (float32) and
-    mu, and sigma is recomputed from the features when the file is read (it would double the size). FID alone
-    needs only mu and sigma (sigma stored as float32: 16 MB). The Inception Score needs no reference.
-    For an ADM reference batch the features (and so mu/sigma) are computed from its arr_0 images.
+    Always: `mu`, `sigma` (pool3, 2048) and `mu_s`, `sigma_s` (sFID, 2023), float64 as `np.mean` and
+    `np.cov(rowvar=False)` give them: the keys ADM's evaluator reads. Precision, recall and KID need the pool
+    features themselves: with them in ``metrics`` the file also holds `features` (float32, 8 KB per image).
+    With ``keep_images`` it holds the images as `arr_0` (uint8 N x H x W x 3), and ADM's evaluator (which
+    always reads arr_0 of a reference batch) reads the file as its own. The Inception Score needs no reference.
+    For an ADM reference batch the features (and so the statistics) are computed from its arr_0 images.
     The file is written to a temporary name and renamed into place, so an interrupted run leaves no partial
     file.
     """
     ref = open_reference(source)
     if ref.images is None:
         raise EvalError(f"{ref.description} holds no images to compute features from")
+    images = ref.images
+    kept = {}
+    if keep_images:
+        kept["arr_0"] = _read_all_images(images)
+        images = ArrayImages(kept["arr_0"], images.description)
     inception = inception if inception is not None else load_inception(inception_weights, device)
-    features = compute_features(ref.images, inception, batch_size, num_workers, progress, "reference").pool
-    mu, sigma = M.feature_statistics(features)
+    feats = compute_features(images, inception, batch_size, num_workers, progress, "reference")
+    mu, sigma = M.feature_statistics(feats.pool)
+    stored = {"mu": mu, "sigma": sigma}
+    mu_s = sigma_s = None
+    if feats.spatial is not None:
+        mu_s, sigma_s = M.feature_statistics(feats.spatial)
+        stored.update(mu_s=mu_s, sigma_s=sigma_s)
     keep_features = any(m in NEEDS_REFERENCE_FEATURES for m in parse_metrics(metrics))
-    stored = {"features": features.astype(np.float32)} if keep_features else {"sigma": sigma.astype(np.float32)}
+    if keep_features:
+        stored["features"] = feats.pool.astype(np.float32)
     out_path = Path(out_path)
     with atomic_write_file(out_path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez adds no .npz
-        np.savez(f, mu=mu, **stored, num_images=len(features), inception_weights=inception.describe(),
+        np.savez(f, **kept, **stored, num_images=len(feats.pool), inception_weights=inception.describe(),
                  source=ref.description, format=REFERENCE_FORMAT)
-    return Reference(str(out_path), mu, sigma, features=features if keep_features else None,
-                     inception_weights=inception.describe())
+    return Reference(str(out_path), mu, sigma, features=feats.pool if keep_features else None,
+                     inception_weights=inception.describe(), mu_s=mu_s, sigma_s=sigma_s)
 
 
 def _cell(text: str) -> str:
@@ -221,11 +295,12 @@ def _cell(text: str) -> str:
 def format_markdown(result: dict) -> str:
     """A table row per evaluation (paste-able next to other runs), then the reference and skipped metrics."""
     columns = [("samples", _cell(result["samples"])), ("images", str(result["num_samples"]))]
-    labels = {"fid": "FID", "is": "IS", "precision": "precision", "recall": "recall", "kid": "KID"}
+    labels = {"fid": "FID", "sfid": "sFID", "is": "IS", "precision": "precision", "recall": "recall", "kid": "KID"}
     for name, label in labels.items():
         if name in result:
             value = {
                 "fid": lambda: f"{result['fid']:.4f}",
+                "sfid": lambda: f"{result['sfid']:.4f}",
                 "is": lambda: f"{result['is']:.3f} ± {result['is_std']:.3f}",
                 "precision": lambda: f"{result['precision']:.4f}",
                 "recall": lambda: f"{result['recall']:.4f}",

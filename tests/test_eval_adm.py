@@ -128,3 +128,95 @@ def test_reference_file_has_adm_keys_and_adm_reads_it(inception, tmp_path):  # n
     loaded = open_reference(out)
     assert not loaded.adm and loaded.images is not None and loaded.mu_s is not None
     np.testing.assert_allclose(loaded.sigma_s, ref.sigma_s)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Precision/recall: ADM's ManifoldEstimator, written again in NumPy from its definition
+
+
+def _adm_distances_numpy(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """DistanceBlock.pairwise_distances: max(|u|² - 2 u·v + |v|², 0) on float16 casts of the features (squares
+    and every sum rounded to float16; sums and the matrix product accumulated exactly before rounding),
+    recomputed in float32 when the float16 block is not all finite. Float32 (N, M)."""
+    u16, v16 = u.astype(np.float16), v.astype(np.float16)
+    norm_u = np.square(u16).astype(np.float64).sum(1).astype(np.float16)
+    norm_v = np.square(v16).astype(np.float64).sum(1).astype(np.float16)
+    dot = (u16.astype(np.float64) @ v16.astype(np.float64).T).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.maximum(norm_u[:, None] - np.float16(2) * dot + norm_v[None, :], np.float16(0))
+    if np.isfinite(d).all():
+        return d.astype(np.float32)
+    u32, v32 = u.astype(np.float32), v.astype(np.float32)
+    d = np.square(u32).sum(1)[:, None] - 2 * (u32 @ v32.T) + np.square(v32).sum(1)[None, :]
+    return np.maximum(d, 0).astype(np.float32)
+
+
+def _adm_precision_recall_numpy(samples, reference, k=3, block=10_000, distances=_adm_distances_numpy):
+    """ManifoldEstimator.manifold_radii and evaluate_pr with row and column blocks of `block`."""
+    def radii(x):
+        out = np.zeros(len(x), np.float32)
+        for i in range(0, len(x), block):
+            row = np.concatenate([distances(x[i:i + block], x[j:j + block]) for j in range(0, len(x), block)], 1)
+            out[i:i + block] = np.partition(row, k, axis=1)[:, k]
+        return out
+
+    radii_r, radii_s = radii(reference), radii(samples)
+    ref_in, sample_in = np.zeros(len(reference), bool), np.zeros(len(samples), bool)
+    for i in range(0, len(reference), block):
+        for j in range(0, len(samples), block):
+            d = distances(reference[i:i + block], samples[j:j + block])
+            ref_in[i:i + block] |= (d <= radii_s[None, j:j + block]).any(1)
+            sample_in[j:j + block] |= (d <= radii_r[i:i + block, None]).any(0)
+    return sample_in.mean(), ref_in.mean()
+
+
+def _float32_distances_numpy(u, v):
+    return np.maximum(np.square(u).sum(1)[:, None] - 2 * (u @ v.T) + np.square(v).sum(1)[None, :], 0)
+
+
+@pytest.fixture(scope="module")
+def near_tie_features():
+    """Integer features in [0, 30], 32 dimensions: every float32 sum is exact, squared norms and products
+    (up to 28,800 and 57,600) stay finite in float16 but are rounded to multiples of 8-32 there, so float16
+    and float32 decide differently near the radii. Samples and reference overlap in part."""
+    rng = np.random.default_rng(0)
+    reference = rng.integers(0, 31, (100, 32)).astype(np.float32)
+    samples = np.concatenate([reference[:50] + rng.integers(-2, 3, (50, 32)),
+                              rng.integers(0, 31, (70, 32))]).clip(0, 30).astype(np.float32)
+    return samples, reference
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1000])
+def test_precision_recall_is_adm_float16_algorithm_for_any_block_size(near_tie_features, chunk):
+    from vit5_sit.eval.metrics import precision_recall
+
+    samples, reference = near_tie_features
+    expected = _adm_precision_recall_numpy(samples, reference)
+    float32 = _adm_precision_recall_numpy(samples, reference, distances=_float32_distances_numpy)
+    assert expected != float32  # the features do separate float16 from float32 decisions
+    assert precision_recall(samples, reference, chunk=chunk) == pytest.approx(expected, abs=0)
+    exact = precision_recall(samples, reference, chunk=chunk, mode="exact")
+    assert exact == pytest.approx(float32, abs=0)  # float32 Euclidean decides as float32 squared distances here
+
+
+@pytest.mark.parametrize("chunk", [4, 9, 40])
+def test_precision_recall_float32_fallback_is_per_adm_block(near_tie_features, monkeypatch, chunk):
+    """A sample whose squared norm overflows float16 sends its blocks, and only those, to float32; blocks of
+    25 stand in for ADM's 10,000 (the same rule, smaller)."""
+    import vit5_sit.eval.metrics as metrics
+
+    samples, reference = near_tie_features
+    samples = samples.copy()
+    samples[-1] = 60  # |u|² = 115,200 > 65,504: not finite in float16
+    monkeypatch.setattr(metrics, "ADM_BLOCK", 25)
+    expected = _adm_precision_recall_numpy(samples, reference, block=25)
+    assert expected != _adm_precision_recall_numpy(samples, reference, block=10_000)  # the blocks matter here
+    assert metrics.precision_recall(samples, reference, chunk=chunk) == pytest.approx(expected, abs=0)
+
+
+def test_precision_recall_mode_is_checked():
+    from vit5_sit.eval.metrics import precision_recall
+
+    x = np.zeros((5, 4), np.float32)
+    with pytest.raises(ValueError, match="mode must be one of adm, exact, got 'fp16'"):
+        precision_recall(x, x, mode="fp16")

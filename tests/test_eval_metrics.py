@@ -146,7 +146,7 @@ def test_evaluate_on_features_reports_skipped_metrics_with_reasons():
     assert "is" in result["skipped"] and "logits" in result["skipped"]["is"]
     assert "sfid" in result["skipped"] and "sFID features" in result["skipped"]["sfid"]
     table = format_markdown(result)
-    assert "| FID | sFID | IS | precision | recall | KID |" in table and "- is: n/a" in table
+    assert "| FID | sFID | IS | Precision | Recall | KID |" in table and "- is: n/a" in table
 
 
 def test_evaluate_computes_inception_score_from_logits():

@@ -35,6 +35,7 @@ Online, torch-fidelity's file is downloaded into the hub cache on first use.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -81,6 +82,12 @@ def _add_inception_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _add_pr_exact(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pr-exact", action="store_true",
+                   help="precision/recall from exact float32 distances (torch-fidelity's) instead of ADM's "
+                        "float16 ones, which the papers' tables use (default: ADM's)")
+
+
 def _load_inception(args):
     from vit5_sit.eval import InceptionWeightsError, load_inception
 
@@ -94,42 +101,54 @@ def _load_inception(args):
 
 def cmd_ref(args) -> int:
     from vit5_sit.eval import compute_reference, open_reference, parse_metrics
-    from vit5_sit.eval.evaluation import reference_file_bytes
+    from vit5_sit.eval.evaluation import check_sizes, reference_file_bytes
 
     output_file(args.out, "--out")
     images = _flag("--data", open_reference, args.data)
     if images.images is None:
         raise UsageError(f"--data: {args.data} holds statistics, not images")
-    if images.images.num_images < 2:
-        raise UsageError(f"--data: {args.data} holds {images.images.num_images} image; reference statistics "
-                         "need at least 2 (FID is only meaningful with thousands)")
     metrics = _flag("--metrics", parse_metrics, args.metrics)
-    room_for(Path(args.out).parent, reference_file_bytes(images.images.num_images, metrics), f"--out {args.out}")
+    n = images.images.num_images
+    if n < 2:
+        raise UsageError(f"--data: {args.data} holds {n} image; reference statistics need at least 2 (FID is "
+                         "only meaningful with thousands)")
+    # The reference must serve its metrics: FID/sFID statistics need 2 images, precision/recall more than k.
+    warnings = _flag("--data", check_sizes, tuple(metrics) + ("sfid",) * ("fid" in metrics), None,
+                     dataclasses.replace(images, mu=None, sigma=None, mu_s=None, sigma_s=None))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    image_bytes = next(images.images.iter_batches(1))[0].nbytes if args.keep_images else 0
+    room_for(Path(args.out).parent, reference_file_bytes(n, metrics, image_bytes), f"--out {args.out}")
     inception = _load_inception(args)
     ref = compute_reference(images, args.out, inception, batch_size=args.batch_size,
-                            num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics)
+                            num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics,
+                            keep_images=args.keep_images)
     skipped = getattr(images.images, "skipped", [])
     note = f" ({len(skipped)} unreadable image(s) skipped, listed above)" if skipped else ""
-    kept = ("mu, sigma, mu_s, sigma_s" + (" and features" if ref.features is not None else "")
-            + (" and the images (arr_0)" if getattr(args, "keep_images", False) else ""))
+    kept = ("mu, sigma, mu_s, sigma_s" + (", features" if ref.features is not None else "")
+            + (", arr_0 (the images: ADM's evaluator reads this file as a reference batch)" if args.keep_images
+               else ""))
     size = Path(args.out).stat().st_size / 1e6
-    print(f"Wrote {args.out} ({size:.1f} MB): {kept} of {images.images.num_images - len(skipped)} images{note}, "
+    print(f"Wrote {args.out} ({size:.1f} MB): {kept} of {n - len(skipped)} images{note}, "
           f"Inception {inception.describe()}")
     return 0
 
 
 def cmd_calc(args) -> int:
     from vit5_sit.eval import evaluate, format_markdown, open_images, open_reference, parse_metrics
+    from vit5_sit.eval.evaluation import check_sizes
 
     if args.json is not None:
         output_file(args.json, "--json")
     chosen = _flag("--metrics", parse_metrics, args.metrics)
     samples = _flag("--samples", open_images, args.samples)
     reference = _flag("--ref", open_reference, args.ref)
+    pr_k, kid_size = 3, args.kid_subset_size
+    check_sizes(chosen, samples.num_images, reference, pr_k, kid_size)  # before the Inception is even loaded
     inception = _load_inception(args)
     result = evaluate(samples, reference, chosen, inception, batch_size=args.batch_size,
-                      num_workers=args.num_workers, kid_subset_size=args.kid_subset_size,
-                      progress=not args.no_progress)
+                      num_workers=args.num_workers, kid_subset_size=kid_size, pr_k=pr_k,
+                      progress=not args.no_progress, pr_mode="exact" if args.pr_exact else "adm")
     print(format_markdown(result))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")  # never a half-written file
@@ -161,7 +180,7 @@ def cmd_compare(args) -> int:
     try:
         compare_runs(args.runs, args.ref, args.out, settings, inception_weights=args.inception_weights,
                      device=args.device, inception_batch_size=args.batch_size, progress=not args.no_progress,
-                     every=args.every)
+                     every=args.every, pr_mode="exact" if args.pr_exact else "adm")
     except InceptionWeightsError as e:
         flag = "--inception-weights: " if args.inception_weights else ""
         raise UsageError(f"{flag}{e}") from e
@@ -188,8 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image folder, .npz (arr_0) or ADM reference batch")
     p.add_argument("--out", required=True, type=path_text, metavar="NPZ", help="statistics file to write")
     p.add_argument("--metrics", default="fid,pr",
-                   help="what the file must serve: fid alone stores mu and sigma (16 MB); pr (precision and "
-                        "recall) or kid store the features, 8 KB per image (default: fid,pr)")
+                   help="what the file must serve: mu, sigma, mu_s, sigma_s (FID and sFID, 64 MB) always; pr "
+                        "(precision and recall) or kid also store the features, 8 KB per image (default: fid,pr)")
+    p.add_argument("--keep-images", action="store_true",
+                   help="also store the images as arr_0: a complete ADM reference batch that ADM's evaluator "
+                        "reads (images of one size)")
     _add_inception_args(p)
     p.set_defaults(func=cmd_ref)
 
@@ -201,8 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="fid,sfid,is,pr,kid",
                    help="comma-separated: fid, sfid, is, pr (precision and recall), kid (default: all)")
     p.add_argument("--json", default=None, type=path_text, metavar="PATH", help="also write the result as JSON")
-    p.add_argument("--kid-subset-size", type=positive_int, default=1000,
-                   help="images per KID subset (default: 1000)")
+    p.add_argument("--kid-subset-size", type=positive_int, default=None,
+                   help="images per KID subset; both sets must have as many (default: 1000, or the smaller "
+                        "set's size)")
+    _add_pr_exact(p)
     _add_inception_args(p)
     p.set_defaults(func=cmd_calc)
 
@@ -236,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images per sampling forward per process (default: 64)")
     p.add_argument("--every", type=positive_int, default=None, metavar="STEPS",
                    help="only the checkpoints at multiples of STEPS (default: every checkpoint)")
+    _add_pr_exact(p)
     _add_inception_args(p)
     p.set_defaults(func=cmd_compare)
     return parser

@@ -24,7 +24,7 @@ from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
-from .evaluation import LazyInception, evaluate, parse_metrics, prepare_reference
+from .evaluation import LazyInception, check_sizes, evaluate, parse_metrics, prepare_reference
 from .inception import find_inception_weights
 from .metrics import feature_statistics
 from .sources import Reference, open_reference
@@ -99,8 +99,9 @@ class Evaluator:
     """The Inception and the reference features, loaded once and only when some metric must be computed."""
 
     def __init__(self, reference: str | Path | Reference, metrics: tuple[str, ...], inception_weights: str | None,
-                 device: str | None, batch_size: int, progress: bool) -> None:
-        self.reference_arg, self.metrics = reference, metrics
+                 device: str | None, batch_size: int, progress: bool,
+                 pr_mode: str = "adm") -> None:  # precision/recall: ADM's float16 distances, or 'exact'
+        self.reference_arg, self.metrics, self.pr_mode = reference, metrics, pr_mode
         self.inception_weights, self.device, self.progress = inception_weights, device, progress
         self.batch_size = batch_size
         self._net, self._reference = LazyInception(None, inception_weights, device), None
@@ -111,6 +112,8 @@ class Evaluator:
             "inception": str(location.path or location.url),
             "metrics": list(metrics),
         }
+        if "precision" in metrics or "recall" in metrics:  # cached values of the other mode are not these
+            self.key["pr_mode"] = pr_mode
 
     def inception(self):
         return self._net.get()
@@ -131,7 +134,7 @@ class Evaluator:
 
     def __call__(self, samples: Path) -> dict:
         return evaluate(samples, self.reference(), self.metrics, inception=self.inception(),
-                        batch_size=self.batch_size, progress=self.progress)
+                        batch_size=self.batch_size, progress=self.progress, pr_mode=self.pr_mode)
 
 
 def run_sampler(runs, mode: str | None = None, method: str | None = None, steps: int | None = None):
@@ -218,6 +221,7 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                  progress: bool = True,
                  log=print,
                  every: int | None = None,        # only checkpoints at multiples of this step
+                 pr_mode: str = "adm",            # precision/recall: ADM's float16 distances, or 'exact'
                  ) -> list[dict]:
     """Evaluate every checkpoint of every run (or those at multiples of ``every``); write compare.md,
     compare.json and fid_vs_step.png. A model folder or Hub repo id counts as a run of one checkpoint (at
@@ -248,9 +252,14 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
                 check_model(ckpt.path)
             except ModelLoadError as e:
                 raise CompareError(str(e)) from None
+    # Metrics that mean nothing at these sizes are refused before any sampling (on every process alike).
+    for warning in check_sizes(metrics, settings.num_samples, open_reference(reference)):
+        if dist.is_main():
+            log(f"warning: {warning}")
     evaluator = None
     if dist.is_main():
-        evaluator = Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress)
+        evaluator = Evaluator(reference, metrics, inception_weights, device, inception_batch_size, progress,
+                              pr_mode)
     device = torch.device(device) if device is not None else dist.device()
 
     rows = []
@@ -324,8 +333,8 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: Evaluator, log, co
     if not compute:
         return None
     result = evaluator(samples)
-    keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "num_samples", "num_reference",
-                                   "inception_weights", "skipped") if k in result}
+    keep = {k: result[k] for k in (*TABLE_METRICS, "is_std", "kid", "kid_std", "pr_mode", "num_samples",
+                                   "num_reference", "inception_weights", "skipped") if k in result}
     atomic_write_text(path, json.dumps({"key": key, "result": keep}, indent=1))
     log("  " + ", ".join(f"{m} {keep[m]:.4g}" for m in TABLE_METRICS if m in keep))
     return keep

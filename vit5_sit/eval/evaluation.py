@@ -99,6 +99,88 @@ def _no_sfid_reason(ref: Reference) -> str:
             "python eval_fid.py ref --data <images> --out <ref.npz>")
 
 
+PAPER_SAMPLES = 50_000  # the papers' FID-50K (and sFID, IS, precision, recall from the same 50,000 samples)
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def check_sizes(
+    metrics: str | Iterable[str],
+    num_samples: int | None,            # None: not known (only the reference is checked)
+    reference: Reference | None,        # None: only the samples are checked
+    pr_k: int = 3,
+    kid_subset_size: int | None = None, # None: min(1000, smaller set); a number must fit both sets
+    is_splits: int = 10,
+    has_logits: bool | None = None,     # the Inception has its classifier; None: not known yet
+) -> list[str]:
+    """Refuse, before any feature is computed, metrics that mean nothing at these sizes; return warnings.
+
+    Each metric needs: FID and sFID at least 2 images on each side whose covariance is estimated here (a
+    stored mu/sigma or mu_s/sigma_s counts as estimated); precision/recall more than k images on each side
+    (a radius is the distance to the k-th neighbour); KID at least 2 images on each side, and as many as an
+    explicit subset size; the Inception Score at least one image per split. A metric the reference cannot
+    serve (no features, no mu_s, no images to compute them) is skipped with its reason, unless every metric
+    asked for would be: that is refused too. Warnings: fewer images than feature dimensions (2,048 for FID,
+    2,023 for sFID) make the covariance rank-deficient: FID is then biased upward and compares only at equal N.
+    Raises EvalError naming the numbers.
+    """
+    chosen = parse_metrics(metrics)
+    n_ref = None if reference is None else reference.num_images
+    problems, warnings, impossible = [], [], {}
+    for name, label, stored, dims in (("fid", "FID", lambda r: r.mu is not None, POOL_DIMS),
+                                      ("sfid", "sFID", lambda r: r.mu_s is not None, SPATIAL_DIMS)):
+        if name not in chosen:
+            continue
+        sides = [("samples", num_samples)]
+        if reference is not None and not stored(reference):
+            if name == "sfid" and reference.images is None:  # pool features alone cannot give sFID
+                impossible[name] = "the reference has no mu_s/sigma_s and no images"
+                continue
+            sides.append(("reference", n_ref))
+        small = [f"{side}: {_count(n)}" for side, n in sides if n is not None and n < 2]
+        if small:
+            problems.append(f"{label} needs at least 2 images on each side to estimate a covariance "
+                            f"({', '.join(small)})")
+            continue
+        few = [f"{side} {n:,}" for side, n in sides if n is not None and n < dims]
+        if few:
+            warnings.append(f"{label} from fewer images than its {dims:,} feature dimensions ({', '.join(few)}): "
+                            f"the covariance is rank-deficient, so {label} is biased upward and compares only at "
+                            f"equal image counts (the papers use {PAPER_SAMPLES:,})")
+    pr = [m for m in ("precision", "recall") if m in chosen]
+    for names, label, need in ((tuple(pr), "precision/recall", pr_k + 1), (("kid",) * ("kid" in chosen), "KID", 2)):
+        if not names:
+            continue
+        if reference is not None and reference.features is None and reference.images is None:
+            impossible.update({m: "no reference features" for m in names})
+            continue
+        required = need if label != "KID" or kid_subset_size is None else max(need, kid_subset_size)
+        small = [f"{side}: {_count(n)}" for side, n in (("samples", num_samples), ("reference", n_ref))
+                 if n is not None and n < required]
+        if small:
+            why = (f"more than k={pr_k} images on each side (the radius of a point reaches its k-th neighbour)"
+                   if label == "precision/recall" else
+                   f"at least {required:,} images on each side" + (f" (--kid-subset-size {kid_subset_size:,})"
+                                                                   if kid_subset_size and required > 2 else ""))
+            problems.append(f"{label} needs {why} ({', '.join(small)})")
+    if "is" in chosen:
+        if num_samples is not None and num_samples < is_splits:
+            problems.append(f"IS needs at least one image per split ({is_splits} splits; samples: {num_samples:,})")
+        if has_logits is False:
+            impossible["is"] = "no classifier"
+    if problems:
+        raise EvalError("too few images for the metrics asked: " + "; ".join(problems)
+                        + ". Use more images, or leave these metrics out (--metrics)")
+    if impossible and set(impossible) >= set(chosen):
+        reasons = "; ".join(f"{m}: {why}" for m, why in impossible.items())
+        raise EvalError(f"none of the metrics asked ({', '.join(chosen)}) can be computed against this reference "
+                        f"or Inception ({reasons}); build a full reference: python eval_fid.py ref --data "
+                        "<images> --out <ref.npz>")
+    return warnings
+
+
 def evaluate(
     samples,                            # .npz, folder, uint8 array (N, H, W, 3), ImageSource or Features
     reference,                          # statistics .npz (ours, ADM's), images, Reference, Features
@@ -111,15 +193,19 @@ def evaluate(
     pr_k: int = 3,                      # precision/recall neighbourhood size
     is_splits: int = 10,                # Inception Score splits
     kid_subsets: int = 100,             # KID subset pairs
-    kid_subset_size: int = 1000,        # images per KID subset (clipped to the smaller set)
+    kid_subset_size: int | None = None, # images per KID subset; None: 1000, clipped to the smaller set
     seed: int = 0,                      # KID subset sampling
     progress: bool = True,              # tqdm bars on stderr
+    pr_mode: str = "adm",               # precision/recall: 'adm' (ADM's float16 distances) or 'exact' (float32)
 ) -> dict:
     """Metrics of samples against a reference, as a JSON-able dict.
 
     Keys: the requested metrics among 'fid', 'is' (+ 'is_std'), 'precision', 'recall', 'kid' (+ 'kid_std',
-    'kid_subset_size'); 'num_samples', 'num_reference', 'samples', 'reference', 'inception_weights'; and
-    'skipped': {metric: reason} for requested metrics that could not be computed.
+    'kid_subset_size'), 'sfid', 'pr_mode' with precision/recall; 'num_samples', 'num_reference', 'samples',
+    'reference', 'reference_is_adm', 'inception_weights'; 'skipped': {metric: reason} for requested metrics
+    that could not be computed; 'warnings' (e.g. fewer images than feature dimensions); 'not_comparable':
+    why the numbers cannot stand beside the papers' tables ([] when they can).
+    Metrics that mean nothing at the given sizes raise EvalError before any feature is computed (check_sizes).
     """
     chosen = parse_metrics(metrics)
     ref = open_reference(reference)
@@ -127,13 +213,19 @@ def evaluate(
         ref.mu_s, ref.sigma_s = M.feature_statistics(reference.spatial)
     net = LazyInception(inception, inception_weights, device)
     skipped: dict[str, str] = {}
+    if pr_mode not in M.PR_MODES:
+        raise EvalError(f"precision/recall mode must be one of {', '.join(M.PR_MODES)}, got {pr_mode!r}")
+
+    # Sizes first: nothing is computed for metrics that would mean nothing.
+    source = None if isinstance(samples, Features) else open_images(samples)
+    num_samples = len(samples.pool) if source is None else source.num_images
+    warnings = check_sizes(chosen, num_samples, ref, pr_k, kid_subset_size, is_splits,
+                           inception.has_logits if inception is not None else None)
 
     # Sample features.
-    source = None
-    if isinstance(samples, Features):
+    if source is None:
         sample_desc, feats = "features", samples
     else:
-        source = open_images(samples)
         sample_desc = source.description
         feats = compute_features(source, net.get(), batch_size, num_workers, progress, desc="samples")
 
@@ -153,6 +245,7 @@ def evaluate(
         "reference": ref.description,
         "num_samples": len(feats.pool),
         "num_reference": len(ref_features) if ref_features is not None else ref.num_images,
+        "reference_is_adm": ref.adm,
         "inception_weights": net.inception.describe() if net.inception is not None else ref.inception_weights,
     }
 
@@ -194,8 +287,8 @@ def evaluate(
     pr = tuple(m for m in ("precision", "recall") if m in chosen)
     if pr:
         def precision_recall():
-            p, r = M.precision_recall(feats.pool, ref_features, k=pr_k, device=_metric_device(net))
-            result.update({"precision": p, "recall": r})
+            p, r = M.precision_recall(feats.pool, ref_features, k=pr_k, device=_metric_device(net), mode=pr_mode)
+            result.update({"precision": p, "recall": r, "pr_mode": pr_mode})
             for m in {"precision", "recall"} - set(pr):
                 result.pop(m)
         attempt(pr, precision_recall)
@@ -203,14 +296,31 @@ def evaluate(
     if "kid" in chosen:
         def kernel_id():
             result["kid"], result["kid_std"], result["kid_subset_size"] = M.kid(
-                feats.pool, ref_features, kid_subsets, kid_subset_size, seed)
+                feats.pool, ref_features, kid_subsets, kid_subset_size or 1000, seed)
         attempt(("kid",), kernel_id)
 
     result["skipped"] = skipped
+    result["warnings"] = warnings
+    result["not_comparable"] = not_comparable(result)
     unreadable = [f for src in (source, ref.images) for f in getattr(src, "skipped", [])]
     if unreadable:
         result["unreadable_files"] = [f"{path} ({reason})" for path, reason in unreadable]
     return result
+
+
+def not_comparable(result: dict) -> list[str]:
+    """Why these numbers cannot stand beside the papers' tables (ADM's evaluator, 50,000 samples against
+    ADM's reference batch); [] when they can."""
+    reasons = []
+    if result["num_samples"] < PAPER_SAMPLES:
+        reasons.append(f"{result['num_samples']:,} samples (the papers use {PAPER_SAMPLES:,})")
+    if not result.get("reference_is_adm"):
+        reasons.append("the reference is not ADM's reference batch (the papers use VIRTUAL_imagenet256_labeled.npz)")
+    if "is" in result.get("skipped", {}):
+        reasons.append(f"IS n/a ({result['skipped']['is']})")
+    if result.get("pr_mode") == "exact":
+        reasons.append("precision/recall in exact float32 (--pr-exact); ADM's evaluator uses float16 distances")
+    return reasons
 
 
 def _metric_device(net: LazyInception):
@@ -292,33 +402,45 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+TABLE_LABELS = {"fid": "FID", "sfid": "sFID", "is": "IS", "precision": "Precision", "recall": "Recall",
+                "kid": "KID"}  # the papers' column names, in their order (KID last: not in the papers' tables)
+
+
 def format_markdown(result: dict) -> str:
-    """A table row per evaluation (paste-able next to other runs), then the reference and skipped metrics."""
-    columns = [("samples", _cell(result["samples"])), ("images", str(result["num_samples"]))]
-    labels = {"fid": "FID", "sfid": "sFID", "is": "IS", "precision": "precision", "recall": "recall", "kid": "KID"}
-    for name, label in labels.items():
+    """The papers' table for one evaluation: FID, sFID, IS, Precision, Recall (then KID) with the sample and
+    reference counts, then whether it compares with the papers' numbers, warnings and skipped metrics."""
+    n_ref = result["num_reference"]
+    columns = [("samples", _cell(result["samples"])), ("images", f"{result['num_samples']:,}"),
+               ("reference images", f"{n_ref:,}" if n_ref is not None else "statistics")]
+    for name, label in TABLE_LABELS.items():
         if name in result:
             value = {
-                "fid": lambda: f"{result['fid']:.4f}",
-                "sfid": lambda: f"{result['sfid']:.4f}",
-                "is": lambda: f"{result['is']:.3f} ± {result['is_std']:.3f}",
-                "precision": lambda: f"{result['precision']:.4f}",
-                "recall": lambda: f"{result['recall']:.4f}",
+                "fid": lambda: f"{result['fid']:.2f}",
+                "sfid": lambda: f"{result['sfid']:.2f}",
+                "is": lambda: f"{result['is']:.2f} ± {result['is_std']:.2f}",
+                "precision": lambda: f"{result['precision']:.3f}",
+                "recall": lambda: f"{result['recall']:.3f}",
                 "kid": lambda: f"{result['kid']:.5f} ± {result['kid_std']:.5f}",
             }[name]()
             columns.append((label, value))
         elif name in result["skipped"]:
             columns.append((label, "n/a"))
-    n_ref = result["num_reference"]
-    reference_size = f"{n_ref} images" if n_ref is not None else "statistics only"
     lines = [
         "| " + " | ".join(c[0] for c in columns) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|",
         "| " + " | ".join(c[1] for c in columns) + " |",
         "",
-        f"Reference: {_cell(result['reference'])} ({reference_size}); "
-        f"Inception: {result['inception_weights'] or 'unknown'}.",
+        f"Reference: {_cell(result['reference'])}; Inception: {result['inception_weights'] or 'unknown'}"
+        + ("; precision/recall: " + ("ADM's float16 distances" if result["pr_mode"] == "adm"
+                                     else "exact float32 distances") if "pr_mode" in result else "") + ".",
     ]
+    reasons = result.get("not_comparable", not_comparable(result))
+    if reasons:
+        lines.append("Not comparable with the papers' tables: " + "; ".join(reasons) + ".")
+    else:
+        lines.append("Comparable with the papers' tables: ADM's protocol, 50,000 samples against ADM's reference "
+                     "batch.")
+    lines += [f"- warning: {w}" for w in result.get("warnings", [])]
     lines += [f"- {name}: n/a: {reason}" for name, reason in result["skipped"].items()]
     unreadable = result.get("unreadable_files", [])
     if unreadable:

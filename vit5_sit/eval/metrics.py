@@ -4,8 +4,8 @@
 - Inception Score (Salimans et al. 2016): exp E_x KL(p(y|x) || p(y)) from classifier logits, in splits.
 - Precision / recall (Kynkäänniemi et al. 2019): each set's manifold is the union of balls reaching every
   feature's k-th nearest neighbour (k = 3); precision = share of samples inside the reference manifold, recall
-  = share of reference features inside the samples' manifold. The same definition as torch-fidelity's `prc`
-  and ADM's evaluator.
+  = share of reference features inside the samples' manifold. By default computed as ADM's evaluator does
+  (float16 squared distances), which the papers print; `mode='exact'` is torch-fidelity's float32 `prc`.
 - KID (Bińkowski et al. 2018): unbiased MMD² with the cubic polynomial kernel (x·y / d + 1)³, averaged over
   random subsets; the estimator torch-fidelity uses.
 """
@@ -90,20 +90,107 @@ def _share_inside(points: torch.Tensor, centres: torch.Tensor, radii: torch.Tens
     return torch.cat(inside).double().mean().item()
 
 
+# ADM's evaluator (ManifoldEstimator): its distance blocks are 10,000 x 10,000, and a block falls back to
+# float32 as a whole when its float16 distances are not all finite. Our blocks of `chunk` rows subdivide these,
+# so the fallback (and the result) never depends on `chunk`.
+ADM_BLOCK = 10_000
+
+
+def _squared_distances_fp16(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """ADM's float16 block max(|u|² - 2 u·v + |v|², 0), each step rounded to float16 as its graph does on a
+    GPU: features cast to float16, squares rounded to float16 and summed in float32, u·v of the float16
+    features accumulated in float32 (exact products), every result then rounded to float16. Float16 (N, M)."""
+    u16, v16 = u.half().float(), v.half().float()
+    norm_u = (u16 * u16).half().float().sum(1).half()  # (N,)
+    norm_v = (v16 * v16).half().float().sum(1).half()  # (M,)
+    dot = (u16 @ v16.T).half()  # (N, M)
+    return ((norm_u[:, None] - 2 * dot) + norm_v[None, :]).clamp_min(0)
+
+
+def _squared_distances_fp32(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """ADM's float32 fallback: the same formula in float32."""
+    return ((u * u).sum(1)[:, None] - 2 * (u @ v.T) + (v * v).sum(1)[None, :]).clamp_min(0)
+
+
+def _adm_block(u: torch.Tensor, v: torch.Tensor, chunk: int, reduce) -> list:
+    """reduce(distances (rows, M) float32, first row) over the rows of one ADM block u x v, in `chunk` rows at
+    a time; float16 distances unless some are not finite, then float32 for the whole block (as ADM)."""
+    out = []
+    for start in range(0, len(u), chunk):
+        d = _squared_distances_fp16(u[start:start + chunk], v)
+        if not torch.isfinite(d).all():
+            return [reduce(_squared_distances_fp32(u[s:s + chunk], v), s) for s in range(0, len(u), chunk)]
+        out.append(reduce(d.float(), start))
+    return out
+
+
+def _adm_radii(x: torch.Tensor, k: int, chunk: int) -> torch.Tensor:
+    """ADM's manifold radii: entry k of each row of the squared-distance matrix x x x, sorted (entry 0 being the
+    point itself, at distance 0 up to float16 round-off). Float32 (N,)."""
+    radii = []
+    for i in range(0, len(x), ADM_BLOCK):
+        rows = x[i:i + ADM_BLOCK]
+        smallest = []  # per column block: the k + 1 smallest entries of each row
+        for j in range(0, len(x), ADM_BLOCK):
+            cols = x[j:j + ADM_BLOCK]
+            take = min(k + 1, len(cols))
+            smallest.append(torch.cat(_adm_block(rows, cols, chunk,
+                                                 lambda d, _, take=take: d.topk(take, dim=1, largest=False).values)))
+        radii.append(torch.cat(smallest, dim=1).kthvalue(k + 1, dim=1).values)
+    return torch.cat(radii)
+
+
+def _adm_precision_recall(s: torch.Tensor, r: torch.Tensor, k: int, chunk: int) -> tuple[float, float]:
+    """ADM's compute_prec_recall: reference rows x sample columns, a point inside when its squared distance to
+    a centre is <= that centre's radius."""
+    radii_r, radii_s = _adm_radii(r, k, chunk), _adm_radii(s, k, chunk)
+    sample_in = torch.zeros(len(s), dtype=torch.bool, device=s.device)  # inside the reference manifold
+    reference_in = torch.zeros(len(r), dtype=torch.bool, device=s.device)  # inside the samples' manifold
+    for i in range(0, len(r), ADM_BLOCK):
+        rows, rows_radii = r[i:i + ADM_BLOCK], radii_r[i:i + ADM_BLOCK]
+        for j in range(0, len(s), ADM_BLOCK):
+            cols, cols_radii = s[j:j + ADM_BLOCK], radii_s[j:j + ADM_BLOCK]
+
+            def reduce(d, start, rows_radii=rows_radii, cols_radii=cols_radii):
+                return ((d <= cols_radii[None, :]).any(dim=1),
+                        (d <= rows_radii[start:start + len(d), None]).any(dim=0))
+
+            parts = _adm_block(rows, cols, chunk, reduce)
+            reference_in[i:i + len(rows)] |= torch.cat([p[0] for p in parts])
+            for p in parts:
+                sample_in[j:j + len(cols)] |= p[1]
+    return sample_in.double().mean().item(), reference_in.double().mean().item()
+
+
+PR_MODES = ("adm", "exact")
+
+
 def precision_recall(
     samples,
     reference,
     k: int = 3,                         # each feature's ball reaches its k-th nearest neighbour
-    chunk: int = 1024,                  # rows of the distance matrix held at once
+    chunk: int = 1024,                  # rows of the distance matrix held at once (the result does not depend on it)
     device: str | torch.device = "cpu", # where distances are computed; a GPU makes 50k x 50k practical
+    mode: str = "adm",                  # 'adm': ADM's float16 squared distances; 'exact': float32 Euclidean
 ) -> tuple[float, float]:
-    """Improved precision and recall (Kynkäänniemi et al. 2019) of samples against reference features."""
+    """Improved precision and recall (Kynkäänniemi et al. 2019) of samples against reference features.
+
+    mode 'adm' (the papers' number): ADM's evaluator exactly: squared distances max(|u|² - 2 u·v + |v|², 0) in
+    float16 (float32 for a 10,000 x 10,000 block whose float16 values are not all finite), the radius of a
+    point the entry k of its sorted row (the point itself included, at entry 0), inside when distance <= a
+    radius. mode 'exact': float32 Euclidean distances (torch.cdist), the point itself excluded from its
+    neighbours: torch-fidelity's `prc`. They differ by float16 round-off near the radii (docs/evaluation.md).
+    """
+    if mode not in PR_MODES:
+        raise ValueError(f"precision_recall mode must be one of {', '.join(PR_MODES)}, got {mode!r}")
     s = torch.as_tensor(_as_float64(samples), dtype=torch.float32, device=device)
     r = torch.as_tensor(_as_float64(reference), dtype=torch.float32, device=device)
     if s.ndim != 2 or r.ndim != 2 or s.shape[1] != r.shape[1] or min(len(s), len(r)) <= k:
         raise ValueError(
             f"precision_recall needs features (N > k={k}, D), equal D; got {tuple(s.shape)}, {tuple(r.shape)}"
         )
+    if mode == "adm":
+        return _adm_precision_recall(s, r, k, chunk)
     precision = _share_inside(s, r, _kth_neighbour_radii(r, k, chunk), chunk)
     recall = _share_inside(r, s, _kth_neighbour_radii(s, k, chunk), chunk)
     return precision, recall

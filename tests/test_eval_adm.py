@@ -220,3 +220,104 @@ def test_precision_recall_mode_is_checked():
     x = np.zeros((5, 4), np.float32)
     with pytest.raises(ValueError, match="mode must be one of adm, exact, got 'fp16'"):
         precision_recall(x, x, mode="fp16")
+
+
+# ----------------------------------------------------------------------------------------------------
+# ADM format, the other direction: sample.py's .npz as ADM's evaluator reads it
+
+
+def _adm_read_arr_0(path, batch_size):
+    """ADM's open_npz_array + StreamingNpzArrayReader: the arr_0.npy member of the zip, its .npy header,
+    then raw batches of `batch_size` images."""
+    import zipfile
+
+    with open(path, "rb") as f, zipfile.ZipFile(f, "r") as zf, zf.open("arr_0.npy", "r") as arr_f:
+        assert np.lib.format.read_magic(arr_f) == (1, 0)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(arr_f)
+        assert not fortran and not dtype.hasobject  # ADM's streaming path
+        batches = []
+        for start in range(0, shape[0], batch_size):
+            count = min(batch_size, shape[0] - start)
+            data = arr_f.read(count * int(np.prod(shape[1:])) * dtype.itemsize)
+            batches.append(np.frombuffer(data, dtype=dtype).reshape([count, *shape[1:]]))
+        return np.concatenate(batches), dtype
+
+
+def test_sample_npz_from_sample_py_is_what_adm_reads(tmp_path):
+    from test_sample import _tiny_state
+
+    import vit5_sit.generate as generate
+    from vit5_sit.models import create_model
+    from vit5_sit.transport import SamplerConfig, Transport
+
+    cfg, state = _tiny_state(0)
+    model = create_model(cfg.model_config())
+    model.load_state_dict(state)
+    out = tmp_path / "samples.npz"
+    generate.sample_to_npz(model, Transport(cfg.transport), SamplerConfig(mode="ode", method="euler", steps=2), out,
+                           num_samples=5, part_size=3, progress=False)
+    images, dtype = _adm_read_arr_0(out, batch_size=2)
+    assert dtype == np.uint8 and images.ndim == 4 and images.shape[0] == 5 and images.shape[-1] == 3  # NHWC
+    with np.load(out) as data:  # and what ADM computes activations of is what we evaluate
+        np.testing.assert_array_equal(images, data["arr_0"])
+    from vit5_sit.eval import open_images
+
+    np.testing.assert_array_equal(np.concatenate(list(open_images(out).iter_batches(4))), images)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Minimum sizes: refused before any feature is computed, naming the numbers (#32)
+
+
+def _no_inception(*args, **kwargs):
+    raise AssertionError("the Inception was loaded: the sizes must be refused before")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calc", "--samples", "{s}", "--ref", "{r1}"],
+     "FID needs at least 2 images on each side to estimate a covariance (reference: 1)"),
+    (["calc", "--samples", "{s3}", "--ref", "{s}", "--metrics", "pr"],
+     "precision/recall needs more than k=3 images on each side (the radius of a point reaches its k-th "
+     "neighbour) (samples: 3)"),
+    (["calc", "--samples", "{s}", "--ref", "{s}", "--metrics", "kid", "--kid-subset-size", "50"],
+     "KID needs at least 50 images on each side (--kid-subset-size 50) (samples: 12, reference: 12)"),
+    (["calc", "--samples", "{s3}", "--ref", "{s}", "--metrics", "is"],
+     "IS needs at least one image per split (10 splits; samples: 3)"),
+    (["ref", "--data", "{s3}", "--out", "{out}"],
+     "--data: too few images for the metrics asked: precision/recall needs more than k=3"),
+])
+def test_meaningless_sizes_are_one_error_line_before_any_feature(tmp_path, capsys, monkeypatch, argv, message):
+    from test_eval import _load_cli
+
+    import vit5_sit.eval
+
+    monkeypatch.setattr(vit5_sit.eval, "load_inception", _no_inception)
+    paths = {"s": tmp_path / "s.npz", "s3": tmp_path / "s3.npz", "r1": tmp_path / "r1.npz", "out": tmp_path / "o.npz"}
+    np.savez(paths["s"], arr_0=np.zeros((12, 8, 8, 3), np.uint8))
+    np.savez(paths["s3"], arr_0=np.zeros((3, 8, 8, 3), np.uint8))
+    np.savez(paths["r1"], arr_0=np.zeros((1, 8, 8, 3), np.uint8))
+    json_out = tmp_path / "out.json"
+    argv = [a.format(**paths) for a in argv] + (["--json", str(json_out)] if argv[0] == "calc" else [])
+    code = _load_cli().main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert message in err, err
+    assert not json_out.exists() and not paths["out"].exists()
+
+
+def test_check_sizes_rules_and_rank_deficiency_warnings():
+    from vit5_sit.eval import EvalError, Reference, open_images
+    from vit5_sit.eval.evaluation import check_sizes
+
+    feats = Reference("f", features=np.zeros((4, 2048), np.float32))
+    assert check_sizes("pr,kid", 4, feats) == []  # k + 1 = 4 on each side; KID's default subset clips
+    with pytest.raises(EvalError, match=r"reference: 4"):
+        check_sizes("kid", 10, feats, kid_subset_size=5)
+    images = Reference("i", images=open_images(np.zeros((4, 8, 8, 3), np.uint8)))
+    assert check_sizes("fid,sfid", 3000, feats)[0].startswith("FID from fewer images")  # no sFID from features
+    warnings = check_sizes("fid,sfid", 3000, images)
+    assert len(warnings) == 2 and "reference 4" in warnings[0] and "2,048" in warnings[0] and "2,023" in warnings[1]
+    stats = Reference("adm", mu=np.zeros(2048), sigma=np.eye(2048), mu_s=np.zeros(2023), sigma_s=np.eye(2023))
+    assert check_sizes("fid,sfid", 50_000, stats) == []  # stored statistics: nothing estimated on that side
+    with pytest.raises(EvalError, match="none of the metrics asked"):
+        check_sizes("sfid", 100, Reference("old", mu=np.zeros(2048), sigma=np.eye(2048)))

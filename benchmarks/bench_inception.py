@@ -3,6 +3,7 @@ side by side in one run, with the largest feature difference between the two.
 
     python benchmarks/bench_inception.py                      # CPU, one thread, 32x32 inputs (resized to 299)
     python benchmarks/bench_inception.py --threads 2 --batch-size 64
+    python benchmarks/bench_inception.py --evaluation --threads 2   # the whole evaluation, projected to FID-50K
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ def main() -> None:
     p.add_argument("--resolution", type=int, default=32, help="input size before Inception's resize to 299")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="timed batches per layout, interleaved")
+    p.add_argument("--evaluation", action="store_true",
+                   help="time the evaluation instead: features (pool3 + sFID, one pass) and ADM / exact "
+                        "precision/recall, projected to 50,000 samples against 10,000 references")
+    p.add_argument("--pr-size", type=int, default=3000, help="--evaluation: features per side timed for P/R")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.evaluation:
+        evaluation(args)
+        return
     inception = load_inception(device="cpu")  # channels_last, as evaluation uses it
     layouts = {"channels_last": inception.model,
                "contiguous": copy.deepcopy(inception.model).to(memory_format=torch.contiguous_format)}
@@ -49,6 +57,39 @@ def main() -> None:
     for name in layouts:
         print(f"{name:>14} {rate[name]:9.2f} {rate[name] / rate['contiguous']:13.2f}x")
     print(f"largest feature difference: {diff:.2e}")
+
+
+def evaluation(args) -> None:
+    """Images/s of the feature pass, seconds of precision/recall at --pr-size, and the FID-50K projection."""
+    import numpy as np
+
+    from vit5_sit.eval.metrics import precision_recall
+
+    inception = load_inception(device="cpu")
+    images = torch.randint(0, 256, (args.batch_size, args.resolution, args.resolution, 3), dtype=torch.uint8)
+    inception.extract(images)  # warm-up
+    best = float("inf")
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        inception.extract(images)
+        best = min(best, time.perf_counter() - start)
+    rate = args.batch_size / best
+    rng = np.random.default_rng(0)
+    n = args.pr_size
+    a, b = (np.abs(rng.normal(0.4, 0.5, (n, 2048))).astype(np.float32) for _ in range(2))  # pool3-like
+    pr = {}
+    for mode in ("adm", "exact"):
+        start = time.perf_counter()
+        precision_recall(a, b, mode=mode)
+        pr[mode] = time.perf_counter() - start
+    scale = (50_000**2 + 10_000**2 + 50_000 * 10_000) / (3 * n * n)  # distance entries: two radii sets, one cross
+    print(f"Evaluation on {torch.get_num_threads()} thread(s), batch {args.batch_size} of "
+          f"{args.resolution}x{args.resolution}")
+    print(f"  features (pool3 + sFID, one pass): {rate:.2f} images/s -> 50,000 samples {50_000 / rate / 3600:.1f} h,"
+          f" 10,000 references {10_000 / rate / 60:.0f} min (once: eval_fid.py ref)")
+    for mode, seconds in pr.items():
+        print(f"  precision/recall {mode:>5}: {n:,} x {n:,} in {seconds:.1f} s -> 50,000 x 10,000 "
+              f"~{seconds * scale / 60:.0f} min")
 
 
 if __name__ == "__main__":

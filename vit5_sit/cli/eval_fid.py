@@ -1,7 +1,8 @@
-r"""FID / Inception Score / precision / recall / KID of generated images, with the TF-2015 FID Inception.
+r"""FID / sFID / Inception Score / precision / recall / KID of generated images (the papers' table, as ADM's
+evaluator computes it), with the TF-2015 FID Inception.
 
     # Once per dataset: Inception features of real images (folder, .npz, or ADM's batch). The Inception
-    # runs at about 8 images/s on a 2-core CPU (the 5,000 MNIST digits: ~11 minutes), hundreds on a GPU.
+    # runs at about 5 images/s on a 2-core CPU (the 5,000 MNIST digits: ~17 minutes), hundreds on a GPU.
     python eval_fid.py ref --data data/mnist32 --out refs/mnist.npz
     python eval_fid.py ref --data VIRTUAL_imagenet256_labeled.npz --out refs/in256.npz --metrics fid
 
@@ -18,10 +19,15 @@ r"""FID / Inception Score / precision / recall / KID of generated images, with t
     accelerate launch --num_processes 8 eval_fid.py compare runs/vit5-b2-in256 runs/sit-b2-in256 \
         --ref refs/in256.npz --num-samples 10000 --sampler ode --method euler --steps 50 --out results/b2
 
-`ref --metrics` says what the file must serve: with precision/recall or KID (the default: fid,pr) it holds
-the features (8 KB per image; sigma is recomputed from them), with FID alone only mu and sigma (16 MB).
+`ref` writes ADM's reference-batch keys: mu, sigma, mu_s, sigma_s (FID and sFID, float64, 64 MB); with
+precision/recall or KID in `--metrics` (the default: fid,pr) also the features (8 KB per image); with
+`--keep-images` also arr_0, so that ADM's evaluator reads the file as its own batch.
 `--ref` takes our statistics file (from `ref`), ADM's reference batch (FID from its mu/sigma; precision/recall
-and KID from its images), or images. The result prints as a markdown table; `--json` also writes it as JSON.
+and KID from its images), or images. The result prints as the papers' table (FID, sFID, IS, Precision, Recall,
+then KID) with both image counts and why it does not compare with the papers' numbers (fewer than 50,000
+samples, a reference other than ADM's, IS unavailable); `--json` writes the same. Precision/recall follow ADM
+(float16 distances); `--pr-exact` gives the exact float32 ones. Metrics that mean nothing at the given sizes
+(FID/sFID under 2 images, precision/recall under k + 1 = 4, ...) are refused before any Inception work.
 Input mistakes (missing file, no images, wrong array layout, no Inception weights) print one line naming the
 flag and the fix, and exit with code 2.
 

@@ -8,11 +8,12 @@ Images (`open_images`):
     files are skipped, warned about and listed in ``source.skipped``);
   - a uint8 array (N, H, W, 3).
 References (`open_reference`):
-  - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu` and `features` (needed for
-    precision/recall and KID; sigma is computed from them on reading), or `mu` and `sigma` (FID only);
-  - ADM's reference batch (e.g. VIRTUAL_imagenet256_labeled.npz): `arr_0` images plus `mu`, `sigma`. FID uses
-    its `mu`/`sigma`; precision/recall/KID compute features from `arr_0` (cache them once with `eval_fid.py
-    ref`);
+  - our statistics file from `compute_reference` / `eval_fid.py ref`: `mu`, `sigma`, `mu_s`, `sigma_s` (ADM's
+    keys), `features` (precision/recall and KID) and `arr_0` when the images are kept; files of format /1
+    (`mu` with `features` or `sigma`, no `mu_s`) still read, without sFID;
+  - ADM's reference batch (e.g. VIRTUAL_imagenet256_labeled.npz): `arr_0` images plus `mu`, `sigma`, `mu_s`,
+    `sigma_s`. FID and sFID use its statistics; precision/recall/KID compute features from `arr_0` (cache
+    them once with `eval_fid.py ref`);
   - any image source above: features are computed from the images.
 """
 

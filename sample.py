@@ -1,7 +1,7 @@
 """`python sample.py`: runs vit5_sit/cli/sample.py (installed as `vit5-sit-sample`); `--help` lists the flags."""
 import sys
 
-from vit5_sit.interrupt import stop_while_starting
+from vit5_sit.common.interrupt import stop_while_starting
 
 if __name__ == "__main__":
     stop_while_starting()  # before the imports below (torch: seconds): SIGTERM then is one line and exit 130

@@ -85,8 +85,8 @@ def reference_path(out: Path, data: Path) -> Path:
 
 def sample_cell(cell: str, out: Path, model, transport: Transport, num: int) -> dict:
     """Sample a cell's images (resumable) and score their digits; cached in cells/TAG.result.json."""
-    from vit5_sit.digit_classifier import classify
-    from vit5_sit.generate import sample_to_npz
+    from vit5_sit.demo.digit_classifier import classify
+    from vit5_sit.sampling.generate import sample_to_npz
 
     path = out / "cells" / f"{tag(cell)}.result.json"
     if path.is_file():
@@ -234,7 +234,7 @@ def main() -> None:
         print("\n".join(DEFAULT_CELLS))
         return
     if not args.report:
-        from vit5_sit.model_files import DEMO_MODEL, load_for_sampling
+        from vit5_sit.hub.model_files import DEMO_MODEL, load_for_sampling
 
         torch.set_num_threads(1)
         model, cfg = load_for_sampling(Path(args.model) if args.model else DEMO_MODEL, device="cpu")

@@ -1,4 +1,4 @@
-"""The web demo (vit5_sit.app): started on a free localhost port and driven with gradio_client to produce a
+"""The web demo (vit5_sit.demo.app): started on a free localhost port and driven with gradio_client to produce a
 grid; localhost unless --host says otherwise; the library imports without Gradio."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from vit5_sit import app as demo_app
 from vit5_sit.config import load_config, save_config
+from vit5_sit.demo import app as demo_app
 from vit5_sit.models import create_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,8 +50,8 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
     pytest.importorskip("gradio")
     from gradio_client import Client
 
-    from vit5_sit.generate import save_labelled_grid
     from vit5_sit.pipeline import Vit5SitPipeline
+    from vit5_sit.sampling.generate import save_labelled_grid
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     page = demo_app.build_app(str(model_dir), out_dir=tmp_path / "out")
@@ -308,8 +308,8 @@ def test_other_commands_name_their_bad_numbers(module, argv, message, capsys):
 @pytest.mark.slow  # a fresh interpreter importing torch
 def test_library_imports_and_app_explains_without_gradio():
     code = ("import sys; sys.modules['gradio'] = None\n"
-            "import vit5_sit.app, vit5_sit.pipeline, vit5_sit.hub\n"
-            "sys.exit(vit5_sit.app.main([]))")
+            "import vit5_sit.demo.app, vit5_sit.pipeline, vit5_sit.hub.api\n"
+            "sys.exit(vit5_sit.demo.app.main([]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     assert proc.returncode == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vit5_sit.interrupt import PIPE_CLOSED_EXIT_CODE, quiet_when_piped, stops_cleanly
+from vit5_sit.common.interrupt import PIPE_CLOSED_EXIT_CODE, quiet_when_piped, stops_cleanly
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_HELP = [["sample.py"], ["train.py"], ["eval_fid.py"], ["-m", "vit5_sit.models"], ["-m", "vit5_sit.demo"],

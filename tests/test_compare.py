@@ -15,7 +15,7 @@ import torch
 
 import vit5_sit.eval.compare as compare
 import vit5_sit.eval.evaluation as evaluation
-import vit5_sit.generate as generate
+import vit5_sit.sampling.generate as generate
 from vit5_sit.config import load_config, save_config
 from vit5_sit.eval.inception import find_inception_weights
 from vit5_sit.models import create_model
@@ -140,9 +140,9 @@ def test_second_comparison_is_served_from_the_cache(runs, compared, tmp_path, mo
     def fail(*args, **kwargs):
         raise AssertionError("recomputed something that was cached")
 
-    import vit5_sit.model_files
+    import vit5_sit.hub.model_files
 
-    monkeypatch.setattr(vit5_sit.model_files, "load_for_sampling", fail)  # cached samples: no model needed
+    monkeypatch.setattr(vit5_sit.hub.model_files, "load_for_sampling", fail)  # cached samples: no model needed
     monkeypatch.setattr(generate, "sample_images", fail)
     monkeypatch.setattr(evaluation, "load_inception", fail)  # the one lazy loader (LazyInception)
     again = compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None)
@@ -184,12 +184,12 @@ def test_not_a_run_folder(tmp_path, runs):
 
 
 def test_every_keeps_the_checkpoints_at_multiples(runs, compared, tmp_path, monkeypatch):
-    import vit5_sit.model_files
+    import vit5_sit.hub.model_files
 
     def fail(*args, **kwargs):
         raise AssertionError("recomputed something that was cached")
 
-    monkeypatch.setattr(vit5_sit.model_files, "load_for_sampling", fail)
+    monkeypatch.setattr(vit5_sit.hub.model_files, "load_for_sampling", fail)
     rows = compare.compare_runs(*runs, tmp_path, SETTINGS, progress=False, log=lambda msg: None, every=200)
     assert [(r["run"], r["step"]) for r in rows] == [("run0", 200), ("run1", 200)]
     with pytest.raises(compare.CompareError, match=r"--every 300: no checkpoint .* steps 100, 200"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit5_sit import digit_classifier as dc
+from vit5_sit.demo import digit_classifier as dc
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_MIN_CORRECT = 39  # of the 40 samples of `python sample.py` (the ViT5G demo: 40/40; one of slack for other CPUs)

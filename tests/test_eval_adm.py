@@ -246,7 +246,7 @@ def _adm_read_arr_0(path, batch_size):
 def test_sample_npz_from_sample_py_is_what_adm_reads(tmp_path):
     from test_sample import _tiny_state
 
-    import vit5_sit.generate as generate
+    import vit5_sit.sampling.generate as generate
     from vit5_sit.models import create_model
     from vit5_sit.transport import SamplerConfig, Transport
 

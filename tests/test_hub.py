@@ -1,4 +1,4 @@
-"""vit5_sit.hub: save_pretrained / from_pretrained round trips, the model card, Hub repo ids served from a local
+"""vit5_sit.hub.api: save_pretrained / from_pretrained round trips, the model card, Hub repo ids served from a local
 Hugging Face cache offline, the offline error for a missing repo, and push_to_hub with the upload mocked at the
 huggingface_hub API boundary. Nothing here touches the network (HF_HUB_OFFLINE=1, or the API calls mocked)."""
 
@@ -16,13 +16,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from vit5_sit import hub
 from vit5_sit.config import load_config, save_config
-from vit5_sit.demo import export_model
-from vit5_sit.demo import main as demo_main
-from vit5_sit.generate import sample_images
-from vit5_sit.model_files import ModelLoadError, load_for_sampling
+from vit5_sit.demo.export import export_model
+from vit5_sit.demo.export import main as demo_main
+from vit5_sit.hub import api as hub
+from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling
 from vit5_sit.models import create_model
+from vit5_sit.sampling.generate import sample_images
 from vit5_sit.train.checkpoint import save_checkpoint
 from vit5_sit.transport import SamplerConfig, Transport
 
@@ -240,21 +240,21 @@ def test_invalid_repo_ids_are_one_line_before_any_download(repo_id, tmp_path):
 
 
 def test_model_files_and_hub_import_one_way():
-    """checks -> hub_files -> model_files -> hub: the modules that load models never import `vit5_sit.hub`
+    """checks -> hub_files -> model_files -> hub: the modules that load models never import `vit5_sit.hub.api`
     (not even inside a function), so there is no import cycle to break at call time."""
     import ast
 
-    import vit5_sit.checks
-    import vit5_sit.hub_files
-    import vit5_sit.model_files
+    import vit5_sit.common.checks
+    import vit5_sit.hub.files
+    import vit5_sit.hub.model_files
 
-    for module in (vit5_sit.hub_files, vit5_sit.model_files):
+    for module in (vit5_sit.hub.files, vit5_sit.hub.model_files):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert "vit5_sit.hub" not in imported, module.__name__
-    assert hub.ModelLoadError is vit5_sit.model_files.ModelLoadError is vit5_sit.checks.ModelLoadError
-    assert hub.resolve_model_path is vit5_sit.hub_files.resolve_model_path  # the old names still work
+        assert "vit5_sit.hub.api" not in imported, module.__name__
+    assert hub.ModelLoadError is vit5_sit.hub.model_files.ModelLoadError is vit5_sit.common.checks.ModelLoadError
+    assert hub.resolve_model_path is vit5_sit.hub.files.resolve_model_path  # the old names still work
 
 
 def test_cached_repo_loads_offline(hf_cache, model_dir, monkeypatch):
@@ -483,12 +483,21 @@ def test_compare_takes_a_repo_id_and_model_folder(hf_cache, model_dir, tmp_path,
         compare.compare_runs(["me/absent"], tmp_path / "ref.npz", tmp_path / "out", settings)
 
 
-def test_old_checkpoint_module_is_an_alias_of_model_files():
-    """`vit5_sit.checkpoint` was renamed `vit5_sit.model_files` (not to be confused with the training
-    state in `vit5_sit.train.checkpoint`): the old import path gives the same objects."""
-    import vit5_sit.checkpoint as old
-    import vit5_sit.model_files as new
+def test_old_public_import_paths_still_work():
+    """The package is grouped by role (#33); the paths users may have used keep working: `vit5_sit.hub`'s names
+    (now in `vit5_sit.hub.api`), `vit5_sit.pipeline`, `vit5_sit.demo`'s export and `python -m vit5_sit.app`."""
+    import vit5_sit.app
+    import vit5_sit.demo
+    import vit5_sit.demo.app
+    import vit5_sit.demo.export
+    import vit5_sit.hub
+    import vit5_sit.hub.api
+    from vit5_sit.pipeline import Vit5SitPipeline
 
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-    assert old.load_for_sampling is load_for_sampling and old.ModelLoadError is ModelLoadError
+    for name in ("PretrainedModel", "HubError", "model_card", "push_folder", "write_model_folder"):
+        assert getattr(vit5_sit.hub, name) is getattr(vit5_sit.hub.api, name), name
+    assert vit5_sit.demo.export_model is vit5_sit.demo.export.export_model
+    assert vit5_sit.app.main is vit5_sit.demo.app.main
+    assert Vit5SitPipeline.__module__ == "vit5_sit.pipeline"
+    with pytest.raises(AttributeError):
+        vit5_sit.hub.no_such_name  # noqa: B018

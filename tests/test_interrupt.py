@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vit5_sit.common.interrupt import EXIT_CODE, sigint_at_default, sigterm_as_ctrl_c, stops_cleanly
 from vit5_sit.config import load_config, save_config
-from vit5_sit.interrupt import EXIT_CODE, sigint_at_default, sigterm_as_ctrl_c, stops_cleanly
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import list_checkpoints
 
@@ -98,7 +98,7 @@ def test_a_stopped_command_prints_its_line_instead_of_a_traceback(sig, capsys):
 
 
 @pytest.mark.parametrize("module", ["vit5_sit.cli.eval_fid", "vit5_sit.data.__main__", "vit5_sit.demo",
-                                    "vit5_sit.digit_classifier", "vit5_sit.repa.classifier"])
+                                    "vit5_sit.demo.digit_classifier", "vit5_sit.repa.classifier"])
 def test_every_long_command_stops_cleanly(module, monkeypatch, capsys):
     """Ctrl-C in eval_fid.py, the data tools, the exporters and the classifiers was a traceback."""
     import importlib
@@ -120,7 +120,7 @@ def test_ctrl_c_inside_a_commands_mass_sampling_is_its_line(model_dir, tmp_path,
     raises SamplingInterrupted: that was a traceback, not the line saying what was kept."""
     import numpy as np
 
-    import vit5_sit.generate as generate
+    import vit5_sit.sampling.generate as generate
     from vit5_sit.cli import eval_fid
     from vit5_sit.study.__main__ import main as study_main
 

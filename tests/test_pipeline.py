@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from vit5_sit.classes import ClassSpecError
+from vit5_sit.common.classes import ClassSpecError
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 from vit5_sit.pipeline import Vit5SitPipeline

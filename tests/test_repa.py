@@ -189,7 +189,7 @@ def test_training_saves_the_projector_beside_the_exported_model(tmp_path):
     assert projector["4.weight"].shape == (16, 16)  # z_dim of the encoder x projector_dim
     for name in ("model.safetensors", "ema.safetensors"):
         assert not any("projector" in k for k in load_file(str(ckpt / name)))
-    from vit5_sit.model_files import load_for_sampling
+    from vit5_sit.hub.model_files import load_for_sampling
 
     model, _ = load_for_sampling(run)  # the exported EMA model loads without REPA
     assert model.cfg.depth == 1

@@ -123,7 +123,7 @@ def test_pickle_payload_in_state_pt_is_one_line_refusal(tmp_path):
 
     torch.save({"optimizer": Payload(), "step": 2}, path / "state.pt")  # a crafted file, meta.json rewritten
     meta = json.loads((path / "meta.json").read_text())
-    from vit5_sit.utils import file_digest
+    from vit5_sit.common.utils import file_digest
 
     meta["files"]["state.pt"] = {"bytes": (path / "state.pt").stat().st_size,
                                  "sha256": file_digest(path / "state.pt")}
@@ -135,7 +135,7 @@ def test_pickle_payload_in_state_pt_is_one_line_refusal(tmp_path):
 
 
 def test_garbage_safetensors_with_matching_meta_is_a_checkpoint_error(tmp_path):
-    from vit5_sit.utils import file_digest
+    from vit5_sit.common.utils import file_digest
 
     path = _save(tmp_path, 2)
     f = path / "ema.safetensors"

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from vit5_sit.checks import MAX_INTEGER, integer, nonnegative_int, positive_int
+from vit5_sit.common.checks import MAX_INTEGER, integer, nonnegative_int, positive_int
 from vit5_sit.config import ConfigError, ExperimentConfig, load_config
 from vit5_sit.models.config import ModelConfig
 

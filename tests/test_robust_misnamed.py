@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from vit5_sit.classes import ClassSpecError, parse_classes
+from vit5_sit.common.classes import ClassSpecError, parse_classes
 
 
 @pytest.mark.parametrize("num_classes", [10, 1000])
@@ -29,7 +29,7 @@ def test_names_and_ids_still_work():
 
 def test_max_image_size_is_what_pil_opens():
     from vit5_sit.cli.sample import MAX_IMAGE_SIZE
-    from vit5_sit.generate import MAX_GRID_PIXELS
+    from vit5_sit.sampling.generate import MAX_GRID_PIXELS
 
     assert MAX_IMAGE_SIZE == math.isqrt(MAX_GRID_PIXELS)
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from vit5_sit.checks import OutputLock, UsageError, output_file, output_folder, parse_device, positive_int
+from vit5_sit.common.checks import OutputLock, UsageError, output_file, output_folder, parse_device, positive_int
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 
@@ -325,7 +325,7 @@ def test_out_in_a_new_folder_is_created_and_a_failed_run_leaves_no_folder(tmp_pa
     ("vit5_sit.study.__main__", ["status", ""]),
     ("vit5_sit.data.__main__", ["mnist", ""]),
     ("vit5_sit.demo", ["export", "runs/x", "--out", ""]),
-    ("vit5_sit.digit_classifier", ["train", "--out", ""]),
+    ("vit5_sit.demo.digit_classifier", ["train", "--out", ""]),
     ("vit5_sit.repa.classifier", ["--out", ""]),
 ])
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(module, argv, capsys, tmp_path, monkeypatch):
@@ -371,7 +371,7 @@ def test_a_path_too_long_for_the_os_is_a_usage_error(module, argv, long, message
 
 
 def test_shown_cuts_long_values_and_huge_integers():
-    from vit5_sit.checks import shown
+    from vit5_sit.common.checks import shown
 
     assert shown("abc") == "abc" and shown("abc", quote=True) == "'abc'"
     assert shown("9" * 4000) == "9" * 60 + "... (4,000 characters)"

@@ -18,7 +18,7 @@ from test_robust_train import _images as _image_folder
 from test_robust_train import _overrides, _reset_accelerate, _train_cli
 from test_sample import _run, model_dir  # noqa: F401 (a fixture)
 
-from vit5_sit import checks, interrupt, utils
+from vit5_sit.common import checks, interrupt, utils
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_commands_report_a_refused_write_with_what_was_kept(error, advice, capsy
 
 
 def test_demo_export_checks_its_output_folder_first(tmp_path, capsys):
-    from vit5_sit import demo
+    from vit5_sit.demo import export as demo
 
     (tmp_path / "afile").write_text("x")
     assert demo.main(["export", str(tmp_path / "no-run"), "--out", str(tmp_path / "afile")]) == 2

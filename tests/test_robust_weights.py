@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vit5_sit.checks import ModelLoadError, tensors_problem
-from vit5_sit.model_files import DEMO_MODEL, check_model, load_for_sampling
+from vit5_sit.common.checks import ModelLoadError, tensors_problem
+from vit5_sit.hub.model_files import DEMO_MODEL, check_model, load_for_sampling
 
 DEMO_WEIGHTS = DEMO_MODEL / "ema.safetensors"
 
@@ -150,7 +150,7 @@ def test_resume_preflight_reads_dtypes_from_the_header(tmp_path):
 
 def test_export_refuses_nan_and_float16_overflow(tmp_path, demo_state):
     from vit5_sit.config import load_config
-    from vit5_sit.hub import write_model_folder
+    from vit5_sit.hub.api import write_model_folder
 
     cfg = load_config(DEMO_MODEL / "config.yaml")
     big = {k: v.float() for k, v in demo_state.items()}
@@ -191,7 +191,7 @@ def test_repa_classifier_file_of_integer_weights(tmp_path):
 
 
 def test_digit_classifier_of_integer_weights(tmp_path, capsys):
-    from vit5_sit.digit_classifier import CLASSIFIER, load_classifier, main
+    from vit5_sit.demo.digit_classifier import CLASSIFIER, load_classifier, main
 
     shutil.copytree(CLASSIFIER, tmp_path / "clf")
     state, _ = _spoil(load_file(str(tmp_path / "clf" / "model.safetensors")), "int")

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-import vit5_sit.generate as generate
-from vit5_sit.classes import ClassSpecError, class_label, imagenet_synonyms, parse_classes
+import vit5_sit.sampling.generate as generate
+from vit5_sit.common.classes import ClassSpecError, class_label, imagenet_synonyms, parse_classes
 from vit5_sit.config import load_config, save_config
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import save_checkpoint
@@ -135,19 +135,19 @@ def test_other_image_size(model_dir, tmp_path):
 
 
 def test_no_arguments_samples_the_demo(model_dir, tmp_path, monkeypatch):
-    import vit5_sit.model_files
+    import vit5_sit.hub.model_files
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(vit5_sit.model_files, "DEMO_MODEL", model_dir)
+    monkeypatch.setattr(vit5_sit.hub.model_files, "DEMO_MODEL", model_dir)
     assert _run() == 0
     grid = Image.open(tmp_path / "samples.png")
     assert grid.height == 10 * (64 + 2) + 2  # all ten classes, one row each
 
 
 def test_missing_demo_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    import vit5_sit.model_files
+    import vit5_sit.hub.model_files
 
-    monkeypatch.setattr(vit5_sit.model_files, "DEMO_MODEL", tmp_path / "no-demo")
+    monkeypatch.setattr(vit5_sit.hub.model_files, "DEMO_MODEL", tmp_path / "no-demo")
     assert _run() == 2
     err = capsys.readouterr().err
     assert "demo model is missing" in err and "--ckpt" in err
@@ -162,7 +162,7 @@ def test_bundled_demo(tmp_path):
 def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from vit5_sit import demo
+    from vit5_sit.demo import export as demo
 
     out = tmp_path / "exported"
     assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
@@ -418,7 +418,7 @@ def test_bad_inputs(model_dir, tmp_path, capsys, args, message):
 
 @pytest.mark.parametrize("nrow, ncol, size", [(3, 4, 8), (2, 5, 64), (1, 1, 100)])
 def test_grid_pixels_is_the_size_of_the_grid(nrow, ncol, size, tmp_path):
-    from vit5_sit.generate import grid_pixels, save_labelled_grid
+    from vit5_sit.sampling.generate import grid_pixels, save_labelled_grid
 
     images = np.zeros((nrow * ncol, size, size, 3), dtype=np.uint8)
     path = save_labelled_grid(images, tmp_path / "g.png", ncol, [""] * nrow)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vit5_sit.interrupt import EXIT_CODE, STARTING
+from vit5_sit.common.interrupt import EXIT_CODE, STARTING
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -78,7 +78,7 @@ ENTRY_POINTS = {  # arguments that reach the command's first torch import; TMP: 
     "vit5_sit.data": ["-m", "vit5_sit.data", "--help"],
     "vit5_sit.models": ["-m", "vit5_sit.models"],
     "vit5_sit.demo": ["-m", "vit5_sit.demo", "export", "TMP", "--out", "TMP/m"],
-    "vit5_sit.digit_classifier": ["-m", "vit5_sit.digit_classifier", "train", "--out", "TMP/c"],
+    "vit5_sit.demo.digit_classifier": ["-m", "vit5_sit.demo.digit_classifier", "train", "--out", "TMP/c"],
     "vit5_sit.repa.classifier": ["-m", "vit5_sit.repa.classifier", "--help"],
 }
 FAKE_TORCH = """import os, signal, sys
@@ -128,7 +128,7 @@ def test_an_ignored_sigint_stays_ignored(tmp_path):
 
 
 def test_the_start_up_handler(monkeypatch, capsys):
-    from vit5_sit.interrupt import _stop_while_starting, started_as_command, stop_while_starting
+    from vit5_sit.common.interrupt import _stop_while_starting, started_as_command, stop_while_starting
 
     monkeypatch.setattr(sys, "argv", ["-m"])
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "vit5_sit.data", "x"])
@@ -171,7 +171,7 @@ def guarded_sigterm():
 
 MAINS = ["vit5_sit.cli.train", "vit5_sit.cli.sample", "vit5_sit.cli.eval_fid", "vit5_sit.data.__main__",
          "vit5_sit.study.__main__", "vit5_sit.models.__main__", "vit5_sit.demo", "vit5_sit.app",
-         "vit5_sit.repa.classifier", "vit5_sit.digit_classifier"]
+         "vit5_sit.repa.classifier", "vit5_sit.demo.digit_classifier"]
 
 
 @pytest.mark.parametrize("module", MAINS)

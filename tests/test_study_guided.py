@@ -148,7 +148,7 @@ def test_guidance_needs_label_dropout_and_digit_accuracy_needs_mnist_models(tmp_
 
 
 def test_digit_accuracy_reads_the_evaluation_samples_and_is_cached(tmp_path):
-    from vit5_sit.digit_classifier import classify, mnist_32
+    from vit5_sit.demo.digit_classifier import classify, mnist_32
 
     images, labels = mnist_32()
     pick = np.concatenate([np.flatnonzero(labels == c)[-5:] for c in range(10)])  # held-out digits
@@ -295,7 +295,7 @@ def test_the_bundled_study_evaluates_unguided_and_at_the_demos_guidance():
 
 
 def test_a_damaged_digit_classifier_is_one_named_error(tmp_path, monkeypatch):
-    import vit5_sit.digit_classifier as dc
+    import vit5_sit.demo.digit_classifier as dc
 
     samples = tmp_path / "s.npz"
     np.savez(samples, arr_0=np.zeros((4, 32, 32, 3), np.uint8), arr_1=np.arange(4))
@@ -356,7 +356,7 @@ def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monk
     assert "### FID, unguided (cfg 1)" in text and "### FID, guided (cfg 3)" in text
     assert (tmp_path / "results" / "fid_vs_step_cfg3.png").is_file() and (tmp_path / "results" / "grid_a_cfg3.png")\
         .is_file()
-    import vit5_sit.generate as generate
+    import vit5_sit.sampling.generate as generate
 
     monkeypatch.setattr(generate, "sample_to_npz", lambda *a, **k: (_ for _ in ()).throw(AssertionError("again")))
     again = runner.evaluate_all(spec, progress=False, log=lambda *_: None)

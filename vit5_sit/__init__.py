@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vit5_sit.interrupt import started_as_command, stop_while_starting
+from vit5_sit.common.interrupt import started_as_command, stop_while_starting
 
 if started_as_command():  # before the command's imports (torch: seconds): SIGTERM then is one line, exit 130
     stop_while_starting()

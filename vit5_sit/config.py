@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from vit5_sit.checks import integer_problem, path_problem, shown
+from vit5_sit.common.checks import integer_problem, path_problem, shown
+from vit5_sit.common.utils import check_choice
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
 from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
-from vit5_sit.utils import check_choice
 
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
@@ -214,7 +214,7 @@ def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    from vit5_sit.utils import atomic_write_text
+    from vit5_sit.common.utils import atomic_write_text
 
     atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 

@@ -17,7 +17,7 @@ evaluation all read, and our samplers (SiT's ODE / SDE solvers, adaptive dopri5 
 functions of (model, noise), not per-step schedulers; fitting both into diffusers' shapes would mean a
 second weight layout and a scheduler that only wraps them. The call shape follows `DiTPipeline`.
 
-Sampling is `vit5_sit.generate.sample_images`, the function behind ``sample.py``: image i has seed
+Sampling is `vit5_sit.sampling.generate.sample_images`, the function behind ``sample.py``: image i has seed
 ``seed + i`` (one generator per sample), so for the same seeds and settings the pipeline gives exactly the
 images of ``sample.py``, whatever the batch size.
 
@@ -51,10 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit5_sit.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
+from vit5_sit.common.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
 from vit5_sit.config import ExperimentConfig
-from vit5_sit.generate import _check_batch_size, sample_images, sampler_settings, steps_per_batch, to_uint8
 from vit5_sit.models import Denoiser
+from vit5_sit.sampling.generate import _check_batch_size, sample_images, sampler_settings, steps_per_batch, to_uint8
 from vit5_sit.transport import SeedError, Transport, check_guidance_settings, check_seeds
 
 OUTPUT_TYPES = ("pil", "np", "pt")
@@ -133,23 +133,23 @@ class Vit5SitPipeline:
                         ) -> Vit5SitPipeline:
         """From a Hub repo id, a model folder, a run folder (newest valid checkpoint) or a checkpoint folder;
         None = the bundled demo model."""
-        from vit5_sit.hub import PretrainedModel
+        from vit5_sit.hub.api import PretrainedModel
 
         loaded = PretrainedModel.from_pretrained(repo_id_or_path, revision=revision, cache_dir=cache_dir,
                                                  token=token, device=device)
         return cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler)
 
     def _pretrained(self):
-        from vit5_sit.hub import PretrainedModel
+        from vit5_sit.hub.api import PretrainedModel
 
         return PretrainedModel(self.model, self.config, self.metrics)
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> Path:
-        """The model folder (`vit5_sit.hub.PretrainedModel.save_pretrained`); the VAE is the config's name."""
+        """The model folder (`vit5_sit.hub.api.PretrainedModel.save_pretrained`); the VAE is the config's name."""
         return self._pretrained().save_pretrained(save_directory, **kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload the model folder to a Hub model repo (`vit5_sit.hub.PretrainedModel.push_to_hub`)."""
+        """Upload the model folder to a Hub model repo (`vit5_sit.hub.api.PretrainedModel.push_to_hub`)."""
         return self._pretrained().push_to_hub(repo_id, **kwargs)
 
     def to(self, device: torch.device | str) -> Vit5SitPipeline:
@@ -211,7 +211,7 @@ class Vit5SitPipeline:
         """A tqdm bar over sampler steps (``total`` None: counted, not known ahead: adaptive solvers)."""
         from tqdm.auto import tqdm
 
-        from vit5_sit.generate import BAR_FORMAT
+        from vit5_sit.sampling.generate import BAR_FORMAT
 
         options = {"unit": "step", "desc": "sampling", "dynamic_ncols": True,
                    "bar_format": BAR_FORMAT if total else None, **kwargs}

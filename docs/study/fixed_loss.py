@@ -17,7 +17,7 @@ import torch
 
 from vit5_sit.config import load_config
 from vit5_sit.data import build_dataset
-from vit5_sit.model_files import load_for_sampling
+from vit5_sit.hub.model_files import load_for_sampling
 from vit5_sit.train.checkpoint import list_checkpoints
 from vit5_sit.transport import Transport
 

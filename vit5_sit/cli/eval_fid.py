@@ -46,10 +46,10 @@ import json
 import sys
 from pathlib import Path
 
-from vit5_sit.checks import (
+from vit5_sit.cli.flags import guidance_flags, seed_flag
+from vit5_sit.common.checks import (
     UsageError,
     finite_float,
-    guidance_flags,
     integer,
     nonnegative_int,
     output_file,
@@ -58,10 +58,9 @@ from vit5_sit.checks import (
     path_text,
     positive_int,
     room_for,
-    seed_flag,
 )
-from vit5_sit.interrupt import stops_cleanly
-from vit5_sit.utils import atomic_write_text
+from vit5_sit.common.interrupt import stops_cleanly
+from vit5_sit.common.utils import atomic_write_text
 
 COMPARE_MAX_SAMPLES = 10_000  # compare's default sample count: the reference's size, at most this
 

@@ -33,26 +33,25 @@ import sys
 import time
 from pathlib import Path
 
-from vit5_sit.checks import (
+from vit5_sit.cli.flags import guidance_flags, seed_flag
+from vit5_sit.common.checks import (
     OutputLock,
     UsageError,
     finite_float,
-    guidance_flags,
     integer,
     output_file,
     output_folder,
     parse_device,
     path_text,
     positive_int,
-    seed_flag,
     storage_failure,
 )
-from vit5_sit.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
-from vit5_sit.interrupt import quiet_when_piped
+from vit5_sit.common.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
+from vit5_sit.common.interrupt import quiet_when_piped
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
-PART_SIZE = 256              # vit5_sit.generate.PART_SIZE (not imported: --help stays fast)
+PART_SIZE = 256              # vit5_sit.sampling.generate.PART_SIZE (not imported: --help stays fast)
 MAX_IMAGE_SIZE = 9_459       # pixels a side: isqrt(generate.MAX_GRID_PIXELS), the largest image PIL opens
 
 
@@ -121,10 +120,10 @@ class Loaded:
 
 
 def load_model(args) -> Loaded:
+    from vit5_sit.common.utils import check_choice
     from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
-    from vit5_sit.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
+    from vit5_sit.hub.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.models import PRESETS
-    from vit5_sit.utils import check_choice
 
     if args.ckpt is None:
         if not (DEMO_MODEL / "config.yaml").is_file():
@@ -177,7 +176,7 @@ def load_model(args) -> Loaded:
 
 def sampler_config(args, cfg):
     """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
-    from vit5_sit.generate import sampler_settings
+    from vit5_sit.sampling.generate import sampler_settings
 
     if args.scheduler is not None:
         if args.sampler is not None or args.method is not None or args.grid is not None:
@@ -211,7 +210,7 @@ def vae_for(args, loaded: Loaded):
 
 
 def classes_for(args, num_classes: int, grid: bool) -> list[int]:
-    from vit5_sit.classes import ClassSpecError, grid_classes, parse_classes
+    from vit5_sit.common.classes import ClassSpecError, grid_classes, parse_classes
 
     if args.classes is not None:
         try:
@@ -248,7 +247,7 @@ def check_flags(args) -> bool:
 
 
 def run(args) -> int:
-    from vit5_sit import distributed as dist
+    from vit5_sit.common import distributed as dist
 
     grid = check_flags(args)
     lock = OutputLock(args.out)  # a second run on the same --out is refused, before any work
@@ -273,9 +272,9 @@ def run(args) -> int:
 
 
 def _run(args, grid: bool) -> int:
-    from vit5_sit import distributed as dist
+    from vit5_sit.common import distributed as dist
     from vit5_sit.data.vae import VAELoadError
-    from vit5_sit.generate import SamplingInterrupted, SamplingStateError
+    from vit5_sit.sampling.generate import SamplingInterrupted, SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
@@ -344,7 +343,7 @@ def _run(args, grid: bool) -> int:
 def check_grid_size(nrow: int, ncol: int, size: int, sized: bool = False) -> None:
     """Refuse, before sampling, a grid larger than PIL (and most viewers) will open again, naming the flags that
     make it so (``sized``: --image-size was given)."""
-    from vit5_sit.generate import MAX_GRID_PIXELS, grid_pixels
+    from vit5_sit.sampling.generate import MAX_GRID_PIXELS, grid_pixels
 
     pixels = grid_pixels(nrow, ncol, size)
     if pixels > MAX_GRID_PIXELS:
@@ -360,7 +359,7 @@ class GridInterrupted(Exception):
 
 
 def interrupted(message: str) -> int:
-    from vit5_sit.interrupt import EXIT_CODE
+    from vit5_sit.common.interrupt import EXIT_CODE
 
     print(message, file=sys.stderr, flush=True)
     return EXIT_CODE
@@ -369,8 +368,8 @@ def interrupted(message: str) -> int:
 def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> None:
     from tqdm.auto import tqdm
 
-    from vit5_sit.classes import class_label
-    from vit5_sit.generate import BAR_FORMAT, sample_images, save_labelled_grid, steps_per_batch
+    from vit5_sit.common.classes import class_label
+    from vit5_sit.sampling.generate import BAR_FORMAT, sample_images, save_labelled_grid, steps_per_batch
 
     labels = [c for c in classes for _ in range(args.per_class)]
     seeds = list(range(args.seed, args.seed + len(labels)))
@@ -392,7 +391,7 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
     if args.save_images is not None:
         from PIL import Image
 
-        from vit5_sit.utils import atomic_write_file
+        from vit5_sit.common.utils import atomic_write_file
 
         folder = Path(args.save_images)
         folder.mkdir(parents=True, exist_ok=True)
@@ -402,8 +401,8 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
 
 
 def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:
-    from vit5_sit.generate import manifest_path, sample_to_npz
-    from vit5_sit.model_files import model_identity
+    from vit5_sit.hub.model_files import model_identity
+    from vit5_sit.sampling.generate import manifest_path, sample_to_npz
 
     num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
     identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}
@@ -418,7 +417,7 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
 
 @quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
-    from vit5_sit.interrupt import sigterm_as_ctrl_c
+    from vit5_sit.common.interrupt import sigterm_as_ctrl_c
 
     try:
         with sigterm_as_ctrl_c():  # `kill`, `timeout`, a scheduler's stop: kept work and lock as for Ctrl-C

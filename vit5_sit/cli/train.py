@@ -19,13 +19,13 @@ import argparse
 import os
 import sys
 
-from vit5_sit.checks import path_problem, path_text, storage_failure
-from vit5_sit.interrupt import quiet_when_piped
+from vit5_sit.common.checks import path_problem, path_text, storage_failure
+from vit5_sit.common.interrupt import quiet_when_piped
 
 
 @quiet_when_piped
 def main(argv: list[str] | None = None) -> int:
-    from vit5_sit.interrupt import EXIT_CODE, STARTING, sigterm_as_ctrl_c
+    from vit5_sit.common.interrupt import EXIT_CODE, STARTING, sigterm_as_ctrl_c
 
     try:
         with sigterm_as_ctrl_c():  # from the first line: SIGTERM while starting is one line and exit 130
@@ -66,12 +66,12 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: WORLD_SIZE={world!r} in the environment: expected the number of processes (>= 1), as "
               "accelerate launch and torchrun set it; unset it for one process", file=sys.stderr)
         return 2
-    from vit5_sit.interrupt import EXIT_CODE, Interrupted, deferred_sigint
+    from vit5_sit.common.interrupt import EXIT_CODE, Interrupted, deferred_sigint
     from vit5_sit.train.checkpoint import CheckpointError
     from vit5_sit.train.loop import TrainingError, train
 
     try:
-        # One process: Ctrl-C stops after the current step and saves a checkpoint (see vit5_sit.interrupt).
+        # One process: Ctrl-C stops after the current step and saves a checkpoint (see vit5_sit.common.interrupt).
         with deferred_sigint(enabled=int(world) == 1):
             run_dir = train(cfg, resume=args.resume)
     except (TrainingError, ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:

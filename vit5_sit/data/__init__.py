@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from vit5_sit.utils import check_choice
+from vit5_sit.common.utils import check_choice
 
 from .digits import MARKER as DIGITS_MARKER
 from .digits import export_mnist, export_sklearn_digits, load_mnist_arrays, load_sklearn_digits_arrays

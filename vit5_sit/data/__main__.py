@@ -20,8 +20,8 @@ import sys
 
 import torch
 
-from vit5_sit.checks import UsageError, nonnegative_int, output_folder, parse_device, path_text, positive_int
-from vit5_sit.interrupt import stops_cleanly
+from vit5_sit.common.checks import UsageError, nonnegative_int, output_folder, parse_device, path_text, positive_int
+from vit5_sit.common.interrupt import stops_cleanly
 
 from .digits import export_mnist, export_sklearn_digits
 from .images import find_images

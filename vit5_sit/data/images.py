@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit5_sit.utils import IMAGE_EXTENSIONS, walk_image_files
+from vit5_sit.common.utils import IMAGE_EXTENSIONS, walk_image_files
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from vit5_sit.utils import atomic_write_file, atomic_write_text, check_choice, save_safetensors, stale_temp_files
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text, check_choice, save_safetensors, stale_temp_files
 
 from .images import ImageFolderDataset, item_generator
 from .vae import DEFAULT_VAE, encode_moments, latent_scaling, load_vae, sample_latents

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.utils import host_reachable
+from vit5_sit.common.utils import host_reachable
 
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SD_VAE_SCALING_FACTOR = 0.18215  # the SD VAEs' config.scaling_factor; used only if a config has none

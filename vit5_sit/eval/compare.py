@@ -5,7 +5,7 @@ classes, the same sampler for all runs), evaluates them against one reference, a
 table, a JSON file and a plot of FID against training step (one line per run, like the paper's curves).
 
 Everything is cached under each run, so an interrupted or repeated comparison redoes nothing:
-``RUN/eval/<settings>/step_0001000.npz`` holds the samples (resumable, see `vit5_sit.generate`), and
+``RUN/eval/<settings>/step_0001000.npz`` holds the samples (resumable, see `vit5_sit.sampling.generate`), and
 ``step_0001000.metrics-<key>.json`` the metrics, keyed by the reference and the Inception weights.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS
-from vit5_sit.utils import atomic_write_file, atomic_write_text
 
 from .errors import EvalError
 from .evaluation import LazyInception, check_sizes, evaluate, parse_metrics, prepare_reference
@@ -141,7 +141,7 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
     """The sampler of a comparison: the first run's configured sampler (as sample.py uses for that run) with
     the --sampler/--method/--steps flags applied. Returns (SamplerConfig, where it came from)."""
     from vit5_sit.config import ConfigError, load_config
-    from vit5_sit.generate import sampler_settings
+    from vit5_sit.sampling.generate import sampler_settings
 
     configs = []
     for run in (_local_run(r)[0] for r in runs):
@@ -167,8 +167,8 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
 def _local_run(spec) -> tuple[Path, str | None]:
     """(folder, Hub repo id or None): a Hub repo id that is not a local path is downloaded (or found in
     the cache) as a model folder."""
-    from vit5_sit.hub_files import parse_repo_spec, resolve_model_path
-    from vit5_sit.model_files import ModelLoadError
+    from vit5_sit.hub.files import parse_repo_spec, resolve_model_path
+    from vit5_sit.hub.model_files import ModelLoadError
 
     if Path(spec).exists() or parse_repo_spec(str(spec)) is None:
         return Path(spec), None
@@ -233,9 +233,9 @@ def compare_runs(runs, reference, out_dir, settings: CompareSettings | None = No
     """
     import torch
 
-    from vit5_sit import distributed as dist
+    from vit5_sit.common import distributed as dist
     from vit5_sit.config import load_config
-    from vit5_sit.model_files import ModelLoadError, check_model
+    from vit5_sit.hub.model_files import ModelLoadError, check_model
 
     settings = settings or CompareSettings()
     metrics = parse_metrics(settings.metrics)
@@ -287,9 +287,9 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     The row: run, run_dir, step, samples (the .npz), and the metrics on the main process. With
     ``cached_only``, None when the samples or the metrics are not cached yet (nothing is sampled or scored).
     """
-    from vit5_sit import distributed as dist
-    from vit5_sit.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
-    from vit5_sit.model_files import load_for_sampling, model_identity
+    from vit5_sit.common import distributed as dist
+    from vit5_sit.hub.model_files import load_for_sampling, model_identity
+    from vit5_sit.sampling.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
     from vit5_sit.transport import Transport
 
     sampler = settings.sampler()

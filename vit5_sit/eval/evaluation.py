@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit5_sit.utils import atomic_write_file
+from vit5_sit.common.utils import atomic_write_file
 
 from . import metrics as M
 from .errors import EvalError

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit5_sit.utils import file_digest
-from vit5_sit.utils import host_reachable as _online  # a name the tests replace
+from vit5_sit.common.utils import file_digest
+from vit5_sit.common.utils import host_reachable as _online  # a name the tests replace
 
 from .errors import InceptionWeightsError
 
@@ -268,7 +268,7 @@ class Inception:
 
 def _check_tensors(state: dict, model: torch.nn.Module, path: Path) -> None:
     """Weights of the wrong dtype or shape, NaN or inf: refused, not cast into features that mean nothing."""
-    from vit5_sit.checks import tensors_problem
+    from vit5_sit.common.checks import tensors_problem
 
     expected = model.state_dict()
     problem = tensors_problem({k: v for k, v in state.items() if k in expected}, expected)

@@ -30,7 +30,7 @@ import PIL.Image
 import torch
 from tqdm import tqdm
 
-from vit5_sit.utils import IMAGE_EXTENSIONS, walk_image_files
+from vit5_sit.common.utils import IMAGE_EXTENSIONS, walk_image_files
 
 from .errors import EvalError
 from .inception import POOL_DIM, SPATIAL_DIM

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vit5_sit.checks import positive_int
-from vit5_sit.interrupt import stops_cleanly
+from vit5_sit.common.checks import positive_int
+from vit5_sit.common.interrupt import stops_cleanly
 
 
 @stops_cleanly("interrupted: nothing was written; run the same command again")  # (quiet when piped too)

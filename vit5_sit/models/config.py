@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vit5_sit.utils import check_choice
+from vit5_sit.common.utils import check_choice
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBEDS = ("sincos", "learned", "none")

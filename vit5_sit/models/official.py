@@ -47,7 +47,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             with torch.serialization.safe_globals([argparse.Namespace]):
                 obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way
-        from vit5_sit.checks import first_line
+        from vit5_sit.common.checks import first_line
 
         raise ValueError(f"{path}: cannot read it as a PyTorch checkpoint with weights_only=True "
                          f"({first_line(e)})") from None
@@ -139,7 +139,7 @@ def load_official_state_dict(model: Denoiser, path: str | os.PathLike) -> Denois
         details = [d for d in details if d]
         raise StateDictMismatch(f"{path}: does not fit the model. " + "; ".join(hints + details), fields,
                                 differing, details)
-    from vit5_sit.checks import tensors_problem
+    from vit5_sit.common.checks import tensors_problem
 
     problem = tensors_problem(state, model.state_dict())  # a dtype, NaN or inf that loading would hide
     if problem:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from vit5_sit.common.utils import check_choice
 from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
-from vit5_sit.utils import check_choice
 
 SIZES = {  # depth, width, heads (shared by both families); T is a tiny size for CPU demos and tests
     "T": dict(depth=6, hidden_size=192, num_heads=3),

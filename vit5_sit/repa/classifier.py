@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit5_sit.checks import UsageError, nonnegative_int, output_file, path_text, positive_float, positive_int
-from vit5_sit.interrupt import stops_cleanly
+from vit5_sit.common.checks import UsageError, nonnegative_int, output_file, path_text, positive_float, positive_int
+from vit5_sit.common.interrupt import stops_cleanly
 from vit5_sit.models import ModelConfig, create_model, model_config
 from vit5_sit.models.layers import rms_norm
 
@@ -69,14 +69,14 @@ class ClassifierEncoder(nn.Module):
         self.z_dim = classifier.trunk.cfg.hidden_size
 
     def forward(self, images: torch.Tensor, grid: int) -> torch.Tensor:
-        from vit5_sit.repa.encoders import features_on_grid, resize_images
+        from vit5_sit.repa.features import features_on_grid, resize_images
 
         x = resize_images(images, self.resolution, self.classifier.channels)
         return features_on_grid(self.classifier.features(x), grid)
 
 
 def save_classifier(model: Classifier, path: str | Path, **info) -> Path:
-    from vit5_sit.utils import save_safetensors
+    from vit5_sit.common.utils import save_safetensors
 
     meta = {"format": FORMAT, "model_config": json.dumps(dataclasses.asdict(model.trunk.cfg)),
             "num_classes": str(model.num_classes), "channels": str(model.channels),
@@ -94,8 +94,8 @@ def load_classifier(path: str | Path) -> Classifier:
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    from vit5_sit.checks import first_line, tensors_problem
-    from vit5_sit.repa.encoders import EncoderError
+    from vit5_sit.common.checks import first_line, tensors_problem
+    from vit5_sit.repa.features import EncoderError
 
     key, make = f"repa.encoder={path}", "make one with `python -m vit5_sit.repa.classifier`"
     try:

@@ -18,8 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..checks import UsageError, parse_device, path_text, positive_int, storage_failure, writable_folder
-from ..interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
+from vit5_sit.common.checks import UsageError, parse_device, path_text, positive_int, storage_failure, writable_folder
+from vit5_sit.common.interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
+
 from .spec import StudyError, load_study
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit5_sit.utils import atomic_write_file, atomic_write_text
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 
 from .spec import StudyError, StudySpec
 
@@ -431,7 +431,7 @@ def save_arm_grids(spec: StudySpec, rows: list[dict], out_dir: Path, per_class: 
     """One grid per arm at one guidance scale (default: the first; grid_<arm>.png, others grid_<arm>_cfg<s>.png):
     the first ``per_class`` evaluation samples of each class at the arm's latest step (first training seed that
     has it), taken from the evaluation .npz (nothing is sampled again)."""
-    from vit5_sit.generate import save_labelled_grid
+    from vit5_sit.sampling.generate import save_labelled_grid
 
     scale = _scale(spec, cfg_scale)
     written = []

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..interrupt import STOP_SIGNALS, sigint_at_default
+from vit5_sit.common.interrupt import STOP_SIGNALS, sigint_at_default
+
 from .spec import Arm, StudyError, StudySpec
 
 
@@ -261,7 +262,7 @@ def evaluation_plan(spec: StudySpec, noise: bool = True, arms: list[str] | None 
 
 
 def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | None:
-    """The share of the evaluation samples that the digit classifier (`vit5_sit.digit_classifier`, the demo's
+    """The share of the evaluation samples that the digit classifier (`vit5_sit.demo.digit_classifier`, the demo's
     check) reads as the digit asked for; cached beside the samples, keyed by the samples' manifest and the
     classifier's weights. ``cached_only``: None unless cached."""
     import hashlib
@@ -269,9 +270,9 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
 
     import numpy as np
 
-    from vit5_sit.digit_classifier import CLASSIFIER, classify, load_classifier
-    from vit5_sit.generate import manifest_path
-    from vit5_sit.utils import atomic_write_text
+    from vit5_sit.common.utils import atomic_write_text
+    from vit5_sit.demo.digit_classifier import CLASSIFIER, classify, load_classifier
+    from vit5_sit.sampling.generate import manifest_path
 
     samples = Path(samples)
     try:
@@ -279,7 +280,7 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
     except OSError as e:
         raise StudyError(f"eval.metrics: digit_accuracy needs the digit classifier, and "
                          f"{CLASSIFIER / 'model.safetensors'} cannot be read ({e.strerror or e}); "
-                         "python -m vit5_sit.digit_classifier train makes it") from None
+                         "python -m vit5_sit.demo.digit_classifier train makes it") from None
     key = {"samples": hashlib.sha256(manifest_path(samples).read_bytes()).hexdigest(),
            "classifier": hashlib.sha256(weights).hexdigest()}
     path = samples.with_name(f"{samples.stem}.digits-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]}"
@@ -322,7 +323,7 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
     """
     import torch
 
-    from vit5_sit.checks import ModelLoadError
+    from vit5_sit.common.checks import ModelLoadError
     from vit5_sit.config import ConfigError, load_config
     from vit5_sit.eval.compare import Evaluator, evaluate_checkpoint
     from vit5_sit.eval.evaluation import parse_metrics

@@ -23,11 +23,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit5_sit.checks import path_problem, shown
+from vit5_sit.common.checks import path_problem, shown
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Metrics the study computes itself from the evaluation samples (the others are `vit5_sit.eval` metrics).
-# digit_accuracy: the share of samples the digit classifier (`vit5_sit.digit_classifier`, as the demo's check)
+# digit_accuracy: the share of samples the digit classifier (`vit5_sit.demo.digit_classifier`, as the demo's check)
 # reads as the digit that was asked for; for 32x32 MNIST models of 10 classes.
 STUDY_METRICS = ("digit_accuracy",)
 
@@ -201,11 +201,11 @@ def _eval_spec(raw: dict) -> EvalSpec:
     except SeedError as e:
         raise StudyError(str(e)) from None
     if "digit_accuracy" in spec.metrics:
-        from vit5_sit.digit_classifier import CLASSIFIER
+        from vit5_sit.demo.digit_classifier import CLASSIFIER
 
         if not (CLASSIFIER / "model.safetensors").is_file():
             raise StudyError(f"eval.metrics: digit_accuracy needs the digit classifier, and "
-                             f"{CLASSIFIER / 'model.safetensors'} is missing; python -m vit5_sit.digit_classifier "
+                             f"{CLASSIFIER / 'model.safetensors'} is missing; python -m vit5_sit.demo.digit_classifier "
                              "train makes it")
     if spec.noise_seed is not None and abs(spec.noise_seed - spec.sample_seed) < spec.num_samples:
         raise StudyError(f"eval.noise_seed: {spec.noise_seed} gives sample seeds {spec.noise_seed}.."

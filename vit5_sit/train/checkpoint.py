@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from vit5_sit.checks import first_line, process_alive, tensors_problem
-from vit5_sit.utils import atomic_write_text, file_digest, save_safetensors
+from vit5_sit.common.checks import first_line, process_alive, tensors_problem
+from vit5_sit.common.utils import atomic_write_text, file_digest, save_safetensors
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
 PREFIX = "step_"

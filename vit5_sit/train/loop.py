@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit5_sit.common.interrupt import Interrupted, stop_requested
 from vit5_sit.config import ExperimentConfig
-from vit5_sit.interrupt import Interrupted, stop_requested
 from vit5_sit.models import create_model
 from vit5_sit.train import preflight
 from vit5_sit.train.checkpoint import load_checkpoint, load_extra, save_checkpoint
@@ -397,7 +397,7 @@ def _periodic(launch: Launch, state: State, result: StepResult, bar, meter: _Thr
     last = step == cfg.train.max_steps
     if step % cfg.log.every == 0 or last:
         _log_step(launch, state, result, bar, meter.rate())
-    # Ctrl-C under vit5_sit.interrupt.deferred_sigint: save a checkpoint, then stop.
+    # Ctrl-C under vit5_sit.common.interrupt.deferred_sigint: save a checkpoint, then stop.
     interrupted = stop_requested() and not last
     if step % cfg.train.ckpt_every == 0 or last or interrupted:
         _checkpoint(launch, state)
@@ -449,7 +449,7 @@ def _flat_hparams(cfg: ExperimentConfig) -> dict:
 
 def _sample_grid(launch: Launch, state: State) -> None:
     """The run's fixed-seed grid from the EMA weights, on the main process (gathered first when sharded)."""
-    from vit5_sit.generate import sample_images, save_labelled_grid
+    from vit5_sit.sampling.generate import sample_images, save_labelled_grid
 
     cfg = launch.cfg
     model = launch.strategy.sampling_model(state.ema, lambda: create_model(cfg.model_config()))

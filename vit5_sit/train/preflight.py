@@ -1,7 +1,7 @@
 """Checks before the first training step: every fault that would otherwise show up hours in, found first.
 
 - the run folder (or the nearest folder that exists above it) is a writable folder (a probe file is
-  created and removed, `vit5_sit.checks.writable_folder`); a ``checkpoints`` path that is a file is an
+  created and removed, `vit5_sit.common.checks.writable_folder`); a ``checkpoints`` path that is a file is an
   error; free space below a few checkpoints' size is a warning;
 - stale ``.step_XXXXXXX.tmp-PID`` folders of killed writers are removed (never a finished checkpoint);
 - where to start: ``--resume auto`` takes the newest checkpoint that verifies and never deletes or rewrites
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checks import UsageError, writable_folder
+from vit5_sit.common.checks import UsageError, writable_folder
 from vit5_sit.config import ConfigError, ExperimentConfig, load_config, save_config, to_dict
 from vit5_sit.models import ModelConfig
 from vit5_sit.train.checkpoint import (
@@ -48,7 +48,7 @@ class PreflightError(ValueError):
 
 
 def check_writable_folder(folder: str | Path, what: str) -> Path:
-    """`vit5_sit.checks.writable_folder`, raising PreflightError."""
+    """`vit5_sit.common.checks.writable_folder`, raising PreflightError."""
     try:
         return writable_folder(folder, what)
     except UsageError as e:
@@ -81,7 +81,7 @@ def check_grid(cfg: ExperimentConfig) -> None:
                         "log.sample_seed")
         except SeedError as e:
             raise PreflightError(str(e)) from None
-        from vit5_sit.generate import MAX_GRID_PIXELS, grid_pixels
+        from vit5_sit.sampling.generate import MAX_GRID_PIXELS, grid_pixels
 
         rows, cols = len(cfg.log.sample_classes), cfg.log.sample_per_class
         pixels = grid_pixels(rows, cols, cfg.data.resolution)
@@ -152,7 +152,7 @@ def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main:
     return start
 
 
-_WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors' names of vit5_sit.checks.WEIGHT_DTYPES
+_WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors' names of vit5_sit.common.checks.WEIGHT_DTYPES
 
 
 def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:

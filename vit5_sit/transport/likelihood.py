@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
-from vit5_sit.utils import check_choice
+from vit5_sit.common.utils import check_choice
 
 from .samplers import ODE_ADAPTIVE
 from .transport import Transport

@@ -1,6 +1,6 @@
 """The ODE / SDE solvers: integrate the flow from noise x0 (t = t0, near 0) to data x1 (t = t1, near 1).
 
-They work on tensors only; `vit5_sit.generate` turns them into images (seeds, guidance, VAE decoding, files).
+They work on tensors only; `vit5_sit.sampling.generate` turns them into images (seeds, guidance, VAE decoding, files).
 
 Each sampler is a pure function `(model_fn, noise, y, transport, cfg, rng) -> samples`; `sample` picks
 one from a SamplerConfig and counts the network evaluations (NFE). `model_fn(x, t, y)` is the network
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
-from vit5_sit.utils import check_choice
+from vit5_sit.common.utils import check_choice
 
 from .solvers import GRIDS, MULTISTEP_ORDERS, dpm_solver_pp, time_grid
 from .transport import Transport, expand_like

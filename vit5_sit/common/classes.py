@@ -13,7 +13,7 @@ import functools
 import re
 from pathlib import Path
 
-IMAGENET_CLASSES_FILE = Path(__file__).parent / "assets" / "imagenet_classes.txt"
+IMAGENET_CLASSES_FILE = Path(__file__).parent.parent / "assets" / "imagenet_classes.txt"
 IMAGENET_NUM_CLASSES = 1000
 DEFAULT_IMAGENET_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]  # DiT's sample.py grid
 MAX_GRID_CLASSES = 16  # a grid shows every class of a model with at most this many

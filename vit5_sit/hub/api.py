@@ -5,7 +5,7 @@ A model folder (the layout of the bundled demo) holds ``config.yaml`` (the run's
 model card: preset, parameters, training steps, dataset, sampler defaults, measured metrics) and, when
 metrics were measured, ``metrics.json``. A Hub model repo holds the same files.
 
-    from vit5_sit.hub import PretrainedModel
+    from vit5_sit.hub.api import PretrainedModel
     m = PretrainedModel.from_pretrained("runs/mnist-vit5")      # a run, checkpoint or model folder, or a repo id
     m.save_pretrained("my-model")                               # config.yaml, ema.safetensors, README.md
     m.push_to_hub("me/vit5-mnist")                              # the same files, uploaded with huggingface_hub
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
+from vit5_sit.common.utils import atomic_write_bytes, atomic_write_text
 from vit5_sit.config import ExperimentConfig, load_config, save_config
-from vit5_sit.hub_files import (  # noqa: F401  (re-exported: the Hub's names in one module for users)
+from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in one module for users)
     CARD_FILE,
     CONFIG_FILE,
     LIBRARY_NAME,
@@ -42,9 +43,8 @@ from vit5_sit.hub_files import (  # noqa: F401  (re-exported: the Hub's names in
     repo_id_problem,
     resolve_model_path,
 )
-from vit5_sit.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
+from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.models import PRESETS, Denoiser
-from vit5_sit.utils import atomic_write_bytes, atomic_write_text
 
 CARD_METRICS = ("fid", "is", "precision", "recall")
 LICENSE = "mit"  # the code's license (LICENSE; the official SiT code is MIT too), stated in every card
@@ -223,7 +223,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
     """Write a model folder: config.yaml, ema.safetensors, README.md (the card) and metrics.json (if any)."""
     from safetensors.torch import save
 
-    from vit5_sit.checks import tensors_problem
+    from vit5_sit.common.checks import tensors_problem
 
     out = Path(out)
     tensors = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in state.items()}
@@ -321,13 +321,13 @@ class PretrainedModel:
                         ) -> PretrainedModel:
         """From a model folder, a run folder (newest valid checkpoint), a checkpoint folder, or a Hub repo id;
         None = the bundled demo model."""
-        from vit5_sit import model_files
+        from vit5_sit.hub import model_files
 
         spec = model_files.DEMO_MODEL if repo_id_or_path is None else repo_id_or_path
         path = resolve_model_path(spec, revision=revision, cache_dir=cache_dir, token=token)
         if path.is_file():
             raise ModelLoadError(f"{path}: an official .pt file has no config; use "
-                                 "vit5_sit.model_files.load_for_sampling with a preset, or one of our folders")
+                                 "vit5_sit.hub.model_files.load_for_sampling with a preset, or one of our folders")
         folder, config_path = resolve_checkpoint(path)
         model, _ = load_for_sampling(path, device=device)
         cfg = config_at_step(config_path, folder)

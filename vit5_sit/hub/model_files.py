@@ -5,7 +5,7 @@ Accepted paths:
 - a checkpoint folder (``runs/NAME/checkpoints/step_0001000``): config from the run folder;
 - a model folder (``config.yaml`` beside ``ema.safetensors`` or ``model.safetensors``; the bundled demo);
 - an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model;
-- a Hugging Face Hub repo id (``owner/name``, ``owner/name@revision``) holding a model folder (`vit5_sit.hub`).
+- a Hugging Face Hub repo id (``owner/name``, ``owner/name@revision``) holding a model folder (`vit5_sit.hub.api`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.checks import ModelLoadError, first_line, tensors_problem
+from vit5_sit.common.checks import ModelLoadError, first_line, tensors_problem
 from vit5_sit.config import ExperimentConfig, load_config
-from vit5_sit.hub_files import parse_repo_spec, resolve_model_path
+from vit5_sit.hub.files import parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
@@ -25,7 +25,7 @@ from vit5_sit.train.checkpoint import (
     verify_checkpoint,
 )
 
-DEMO_MODEL = Path(__file__).parent / "assets" / "demo"
+DEMO_MODEL = Path(__file__).parent.parent / "assets" / "demo"
 
 
 def _weights_in(folder: Path, use_ema: bool) -> Path | None:
@@ -151,7 +151,7 @@ WEIGHTS_FIX = ("use an earlier checkpoint, or export the model folder again from
 def check_weights(state: dict[str, torch.Tensor], model: torch.nn.Module | None, source: str | Path) -> None:
     """Refuse, before loading, tensors that the model would take silently and sample garbage with: a dtype
     other than floating point (cast to float, the small weights become 0), another shape, NaN or inf
-    (`vit5_sit.checks.tensors_problem`). ``model``: the model they are for (None: dtype and finiteness only)."""
+    (`vit5_sit.common.checks.tensors_problem`). ``model``: the model they are for (None: dtype and finiteness only)."""
     problem = tensors_problem(state, model.state_dict() if model is not None else None)
     if problem:
         raise ModelLoadError(f"{source}: {problem}; {WEIGHTS_FIX}")

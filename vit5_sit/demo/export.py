@@ -7,7 +7,7 @@
 The folder holds ``config.yaml`` (the run's resolved config), ``ema.safetensors`` in float16 (half the
 size; the model is cast back to float32 when loaded), ``README.md`` (a model card: preset, parameters,
 training, sampler defaults, and the metrics ``eval_fid.py compare`` measured for this checkpoint, also in
-``metrics.json``). ``--push`` uploads it to a Hugging Face Hub model repo (see `vit5_sit.hub`).
+``metrics.json``). ``--push`` uploads it to a Hugging Face Hub model repo (see `vit5_sit.hub.api`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit5_sit.checks import ModelLoadError, UsageError, finite_float, output_folder, path_text, positive_int
-from vit5_sit.interrupt import stops_cleanly
+from vit5_sit.common.checks import ModelLoadError, UsageError, finite_float, output_folder, path_text, positive_int
+from vit5_sit.common.interrupt import stops_cleanly
 
 if TYPE_CHECKING:
     import torch
 
-DEMO_MODEL = Path(__file__).parent / "assets" / "demo"  # = vit5_sit.model_files.DEMO_MODEL (that imports torch)
+DEMO_MODEL = Path(__file__).parent / "assets" / "demo"  # = vit5_sit.hub.model_files.DEMO_MODEL (that imports torch)
 
 
 def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
@@ -42,8 +42,8 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
     import torch
     from safetensors.torch import load_file
 
-    from vit5_sit.hub import collect_metrics, config_at_step, read_metrics, write_model_folder
-    from vit5_sit.model_files import resolve_checkpoint
+    from vit5_sit.hub.api import collect_metrics, config_at_step, read_metrics, write_model_folder
+    from vit5_sit.hub.model_files import resolve_checkpoint
 
     dtype = torch.float16 if dtype is None else dtype
     folder, config_path = resolve_checkpoint(run_or_ckpt)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
     args = p.parse_args(argv)
     from vit5_sit.config import ConfigError  # torch: imported after parsing, so --help is instant
-    from vit5_sit.hub import HubError, parse_repo_spec, push_folder, repo_id_problem
+    from vit5_sit.hub.api import HubError, parse_repo_spec, push_folder, repo_id_problem
 
     if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):
         print(f"error: --push {args.push}: expected a Hub repo id OWNER/NAME, e.g. me/vit5-mnist", file=sys.stderr)

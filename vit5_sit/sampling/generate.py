@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit5_sit.interrupt import Interrupted
+from vit5_sit.common.interrupt import Interrupted
+from vit5_sit.common.utils import atomic_write_bytes, atomic_write_file, atomic_write_text
 from vit5_sit.models import Denoiser
 from vit5_sit.transport import (
     ClassifierFreeGuidance,
@@ -36,7 +37,6 @@ from vit5_sit.transport import (
     sample,
 )
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS  # adaptive ODE solvers share step sizes in a batch
-from vit5_sit.utils import atomic_write_bytes, atomic_write_file, atomic_write_text
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}]"
@@ -327,7 +327,7 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     """
     from tqdm.auto import tqdm
 
-    from vit5_sit import distributed as dist
+    from vit5_sit.common import distributed as dist
 
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples}: must be at least 1")

@@ -1,9 +1,9 @@
 """Hub repo ids and model files in the Hugging Face cache: parse ``owner/name[@revision]``, download a model
 repo's files once, or find the cached copy offline.
 
-Kept apart from `vit5_sit.hub` (model cards, export, upload) so that `vit5_sit.model_files` can resolve a repo id
-without importing the module that imports it: the dependency runs one way, checks -> hub_files -> model_files
--> hub. huggingface_hub is imported inside the functions that use it.
+Kept apart from `vit5_sit.hub.api` (model cards, export, upload) so that `vit5_sit.hub.model_files` can resolve a
+repo id without importing the module that imports it: the dependency runs one way, common.checks -> hub.files ->
+hub.model_files -> hub.api. huggingface_hub is imported inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from vit5_sit.checks import ModelLoadError, path_problem, shown
+from vit5_sit.common.checks import ModelLoadError, path_problem, shown
 
 CONFIG_FILE = "config.yaml"
 WEIGHTS_FILE = "ema.safetensors"

@@ -98,14 +98,14 @@ def test_one_row_per_run_and_step(compared):
     assert [(r["run"], r["step"]) for r in rows] == [("run0", 100), ("run0", 200), ("run1", 100),
                                                      ("run1", 200)]
     for r in rows:
-        assert np.isfinite(r["fid"]) and r["fid"] > 0
+        assert np.isfinite(r["fid"]) and r["fid"] > 0 and np.isfinite(r["sfid"]) and r["sfid"] > 0
         assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1
         assert r["num_samples"] == NUM_SAMPLES and r["num_reference"] == NUM_REFERENCE
     assert len({r["fid"] for r in rows}) == 4, "each checkpoint has its own samples"
 
     table = (out / "compare.md").read_text()
     lines = [line for line in table.splitlines() if line.startswith("| run |")]
-    assert lines == ["| run | step | FID | IS | precision | recall |"]
+    assert lines == ["| run | step | FID | sFID | IS | precision | recall |"]
     body = [line for line in table.splitlines() if line.startswith("| run0") or line.startswith("| run1")]
     assert len(body) == 4 and body[0].startswith("| run0 | 100 | ")
     assert f"{rows[0]['fid']:.2f}" in body[0]
@@ -165,7 +165,7 @@ def test_eval_fid_compare_cli(runs, compared, tmp_path, capsys):
                         "--steps", "2", "--out", str(tmp_path), "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| run | step | FID | IS | precision | recall |" in out
+    assert "| run | step | FID | sFID | IS | precision | recall |" in out
     # The sampler is the first run's configured one (ODE Euler here) with --steps, and it says so.
     assert f"sampler ode/euler 2 steps ({run0 / 'config.yaml'} with --steps), cfg 1; {NUM_SAMPLES} samples" in out
     assert f"wrote {tmp_path / 'compare.md'}" in out

@@ -200,7 +200,7 @@ def _damaged_copy(model_dir: Path, tmp_path: Path, damage: str) -> Path:
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("nan", "hold NaN or inf (blocks.0.attn.qkv"),
+    ("nan", "'blocks.0.attn.qkv.weight' holds NaN or inf"),
     ("shape", "wrong shapes: ['blocks.0.mlp.fc1.weight (3, 3)"),
     ("header", "not a readable safetensors file"),
 ])

@@ -194,10 +194,10 @@ def test_a_reference_that_would_not_fit_is_refused_before_any_inception_work(sma
 
     monkeypatch.setattr(eval_fid, "_load_inception", no_inception)
     data = _image_folder(tmp_path / "imgs", classes=2, per_class=10)
-    out = small_disk / "ref.npz"  # 20 images with their features: 160 KiB, on a 64 KiB disk
+    out = small_disk / "ref.npz"  # 20 images: features and FID/sFID statistics (63 MiB), on a 64 KiB disk
     assert eval_fid.main(["ref", "--data", str(data), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: --out {out}: needs about 0.2 MiB, and only ")
+    assert len(err) == 1 and err[0].startswith(f"error: --out {out}: needs about 63.4 MiB, and only ")
     assert err[0].endswith(f"MiB are free in {small_disk}; free space or choose another location")
     assert list(small_disk.iterdir()) == []
 

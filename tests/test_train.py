@@ -300,11 +300,14 @@ def test_nonfinite_steps_are_skipped_then_stop_with_advice(tmp_path, monkeypatch
     (["--config", "configs"], "config file configs: is a folder"),
     (["--config", "/dev/null"], "config file /dev/null: is not a regular file"),
 ])
-def test_cli_errors_are_one_clear_line(args, message):
-    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=_env(), capture_output=True,
-                         text=True, cwd=ROOT)
-    assert res.returncode == 2
-    assert message in res.stderr and "Traceback" not in res.stderr
+def test_cli_errors_are_one_clear_line(args, message, monkeypatch, capsys):
+    """In-process (the exit code and stderr of a real process: test_resume_from_a_missing_checkpoint_is_one_line)."""
+    from vit5_sit.cli import train as cli_train
+
+    monkeypatch.chdir(ROOT)
+    assert cli_train.main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_data_and_model_shapes_must_agree(tmp_path):

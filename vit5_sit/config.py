@@ -481,6 +481,7 @@ RANGES: dict[str, Range] = {
     "transport.sample_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),
     "sampler.steps": _at_least(1),
     "sampler.atol": _above(0),
+    "sampler.shift": _above(0, "SD3's time shift of grid=shift; 1 = the uniform grid"),
     "sampler.rtol": _above(0),
     "sampler.diffusion_norm": _at_least(0),
     "sampler.last_step_size": Range(0.0, 1.0, lo_open=True, hi_open=True),

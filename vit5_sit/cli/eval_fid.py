@@ -120,10 +120,10 @@ def cmd_ref(args) -> int:
     # The reference must serve its metrics: FID/sFID statistics need 2 images, precision/recall more than k.
     warnings = _flag("--data", check_sizes, tuple(metrics) + ("sfid",) * ("fid" in metrics), None,
                      dataclasses.replace(images, mu=None, sigma=None, mu_s=None, sigma_s=None))
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     image_bytes = next(images.images.iter_batches(1))[0].nbytes if args.keep_images else 0
     room_for(Path(args.out).parent, reference_file_bytes(n, metrics, image_bytes), f"--out {args.out}")
+    for warning in warnings:  # after every refusal: a refused command says one line
+        print(f"warning: {warning}", file=sys.stderr)
     inception = _load_inception(args)
     ref = compute_reference(images, args.out, inception, batch_size=args.batch_size,
                             num_workers=args.num_workers, progress=not args.no_progress, metrics=metrics,
@@ -145,6 +145,7 @@ def cmd_calc(args) -> int:
 
     if args.json is not None:
         output_file(args.json, "--json")
+    args.device = parse_device(args.device)  # every flag before the files: a typo is named first
     chosen = _flag("--metrics", parse_metrics, args.metrics)
     samples = _flag("--samples", open_images, args.samples)
     reference = _flag("--ref", open_reference, args.ref)

@@ -181,7 +181,9 @@ def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert [m["fid"] for m in metrics] == [123.456] and metrics[0]["reference"] == "mnist.npz"
     card = (out / "README.md").read_text()
-    assert "| 20 | `n500_seed0_ode_euler_50steps_cfg1` | mnist.npz | 123.46 | n/a | 0.500 | 0.250 |" in card
+    assert "| samples | FID | precision | recall | measured by |" in card  # the metrics present, no n/a columns
+    assert ("| 20 | `n500_seed0_ode_euler_50steps_cfg1` | mnist.npz | 500 | 123.46 | 0.500 | 0.250 | "
+            "`eval_fid.py compare` |") in card
     assert "20 steps of batch" in card and "Vit5SitPipeline.from_pretrained(\"me/tiny-vit5\")" in card
     assert {v.dtype for v in load_file(str(out / "ema.safetensors")).values()} == {torch.float16}
     # from_pretrained of the run itself: the newest checkpoint, its step and metrics
@@ -189,6 +191,24 @@ def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
     assert m.config.train.max_steps == 20 and [r["fid"] for r in m.metrics] == [123.456]
     again = hub.PretrainedModel.from_pretrained(out)
     assert again.metrics == metrics
+
+
+def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, capsys):
+    from vit5_sit.cli.sample import main as sample_main
+
+    run = _run_with_metrics(tmp_path)
+    out = tmp_path / "exported"
+    assert demo_main(["export", str(run), "--out", str(out), "--cfg-scale", "3"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json",
+                                                     "samples.png"]  # no lock or temporary file left
+    assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in (out / "README.md").read_text()
+    assert sample_main(["--ckpt", str(out), "--out", str(tmp_path / "cli.png"), "--no-progress"]) == 0
+    exported, cli = Image.open(out / hub.SAMPLES_FILE), Image.open(tmp_path / "cli.png")
+    assert exported.size == cli.size and np.array_equal(np.asarray(exported), np.asarray(cli))
+    assert "ode/euler 3 steps" in capsys.readouterr().out and exported.size[1] > 10 * 8  # 10 rows of 8px digits
+    # exported again without a grid: the earlier one is gone (it showed other weights), and the card says nothing
+    assert demo_main(["export", str(run / "checkpoints" / "step_0000010"), "--out", str(out), "--no-samples"]) == 0
+    assert not (out / hub.SAMPLES_FILE).exists() and "## Samples" not in (out / "README.md").read_text()
 
 
 def test_bundled_demo_loads():
@@ -371,7 +391,7 @@ def test_push_to_hub_sends_config_weights_and_card(fake_hub, tmp_path):
     assert upload["repo_id"] == "me/pushed" and upload["repo_type"] == "model"
     assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json"]
     card = upload["files"]["README.md"].decode()
-    assert "Vit5SitPipeline.from_pretrained(\"me/pushed\")" in card and "| 7 | `s` |  | 42.00 |" in card
+    assert "Vit5SitPipeline.from_pretrained(\"me/pushed\")" in card and "| 7 | `s` |  |  | 42.00 |" in card
     (tmp_path / "w.safetensors").write_bytes(upload["files"]["ema.safetensors"])
     sent = load_file(str(tmp_path / "w.safetensors"))
     assert all(torch.equal(sent[k], v) for k, v in model.state_dict().items())
@@ -382,7 +402,7 @@ def test_demo_export_push(fake_hub, tmp_path, capsys):
     code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported"])
     assert code == 0 and "pushed" in capsys.readouterr().out
     (upload,) = fake_hub["uploads"]
-    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json"]
+    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json", "samples.png"]
     assert "123.46" in upload["files"]["README.md"].decode()
     assert demo_main(["export", str(run), "--out", str(tmp_path / "o2"), "--push", "not a repo"]) == 2
     assert "--push not a repo: expected a Hub repo id OWNER/NAME" in capsys.readouterr().err
@@ -422,7 +442,7 @@ def test_push_to_an_unreachable_hub_is_one_line_naming_repo_and_cause(unreachabl
 
 def test_demo_export_push_to_an_unreachable_hub_exits_2_with_one_line(unreachable_hub, tmp_path, capsys):
     run = _run_with_metrics(tmp_path)
-    code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported"])
+    code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported", "--no-samples"])
     err = capsys.readouterr().err
     assert code == 2 and (tmp_path / "out" / "config.yaml").is_file()  # the export is kept
     assert err.startswith("error: me/exported: push failed: cannot reach http://127.0.0.1:9") and err.count("\n") == 1

@@ -166,7 +166,7 @@ def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
 
     out = tmp_path / "exported"
     assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors"]  # + the model card
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors", "samples.png"]
     exported_cfg = load_config(out / "config.yaml")
     assert exported_cfg.log.sample_cfg_scale == 2.0 and exported_cfg.train.max_steps == 20
     exported = load_file(str(out / "ema.safetensors"))

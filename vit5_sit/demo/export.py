@@ -5,9 +5,11 @@
     python -m vit5_sit.demo export runs/mnist-vit5 --out my_model --push me/vit5-mnist   # and upload it
 
 The folder holds ``config.yaml`` (the run's resolved config), ``ema.safetensors`` in float16 (half the
-size; the model is cast back to float32 when loaded), ``README.md`` (a model card: preset, parameters,
-training, sampler defaults, and the metrics ``eval_fid.py compare`` measured for this checkpoint, also in
-``metrics.json``). ``--push`` uploads it to a Hugging Face Hub model repo (see `vit5_sit.hub.api`).
+size; the model is cast back to float32 when loaded), ``samples.png`` (the grid ``python sample.py --ckpt
+FOLDER`` draws: every class, 4 seeds each, with the folder's own sampler and guidance; ``--no-samples`` leaves it
+out), ``README.md`` (a model card: preset, parameters, training, sampler defaults, the sample grid, and the
+metrics ``eval_fid.py compare`` measured for this checkpoint, also in ``metrics.json``). ``--push`` uploads it
+to a Hugging Face Hub model repo (see `vit5_sit.hub.api`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ DEMO_MODEL = Path(__file__).parent / "assets" / "demo"  # = vit5_sit.hub.model_f
 def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
                  dtype: torch.dtype | None = None,  # None = torch.float16: half the size
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
-                 repo_id: str | None = None) -> Path:
-    """Write ``out/config.yaml``, ``out/ema.safetensors`` and the card ``out/README.md`` from a run or
-    checkpoint folder (``repo_id``: the Hub repo the card's examples name).
+                 repo_id: str | None = None, samples: bool = True, progress: bool = False) -> Path:
+    """Write ``out/config.yaml``, ``out/ema.safetensors``, ``out/samples.png`` (``samples``: see `draw_samples`)
+    and the card ``out/README.md`` from a run or checkpoint folder (``repo_id``: the Hub repo the card's
+    examples name).
 
     The config is the run's with ``train.max_steps`` set to the exported checkpoint's step (the recipe that
     reproduces these weights); the card lists the metrics cached for that step by ``eval_fid.py compare``.
@@ -42,7 +45,16 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
     import torch
     from safetensors.torch import load_file
 
-    from vit5_sit.hub.api import collect_metrics, config_at_step, read_metrics, write_model_folder
+    from vit5_sit.common.utils import atomic_write_text
+    from vit5_sit.hub.api import (
+        CARD_FILE,
+        SAMPLES_FILE,
+        collect_metrics,
+        config_at_step,
+        model_card,
+        read_metrics,
+        write_model_folder,
+    )
     from vit5_sit.hub.model_files import resolve_checkpoint
 
     dtype = torch.float16 if dtype is None else dtype
@@ -53,7 +65,33 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
     ema = load_file(str(folder / "ema.safetensors"))
-    return write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
+    (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
+    out = write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
+    if samples:
+        draw_samples(out, progress=progress)
+        num_params = sum(v.numel() for v in ema.values())  # the card again, now showing the grid
+        atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id, has_samples=True))
+    return out
+
+
+def draw_samples(folder: str | Path, progress: bool = False) -> Path:
+    """``folder/samples.png``: the grid ``python sample.py --ckpt FOLDER`` draws (every class of models with at
+    most 16, else sample.py's default classes; 4 images each, seeds 0, 1, ...; the folder's sampler section and
+    ``log.sample_cfg_scale``), written atomically. Raises UsageError when it cannot be drawn (a latent model's
+    VAE missing offline, ...) and KeyboardInterrupt when interrupted (nothing written then)."""
+    from vit5_sit.cli.sample import build_parser, run
+    from vit5_sit.hub.api import SAMPLES_FILE
+
+    out = Path(folder) / SAMPLES_FILE
+    flags = ["--ckpt", str(folder), "--out", str(out), *([] if progress else ["--no-progress"])]
+    args = build_parser().parse_args(flags)
+    try:
+        code = run(args)  # sample.py itself: the same defaults, the same pixels
+    except UsageError as e:
+        raise UsageError(f"{out}: {e}") from None
+    if code:  # 130: interrupted (sample.py said so); a grid is written whole, so nothing was
+        raise KeyboardInterrupt
+    return out
 
 
 @stops_cleanly("interrupted: each file in the model folder is whole, but the folder may mix this export with "
@@ -71,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                    "this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
     e.add_argument("--steps", type=positive_int, default=None, help="sampler.steps (default: the run's)")
+    e.add_argument("--no-samples", action="store_true", help="do not draw samples.png (the card then has no "
+                   "sample grid); by default the folder's own sampler and guidance draw it, as `sample.py --ckpt "
+                   "FOLDER` does")
     e.add_argument("--push", metavar="OWNER/NAME", default=None,
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
@@ -93,9 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     sampler = [f"sampler.{key}={value}" for key, value in
                (("mode", args.sampler), ("method", method), ("steps", args.steps)) if value is not None]
     try:
-        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push)
+        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push,
+                           samples=not args.no_samples, progress=True)
     except (ModelLoadError, ConfigError) as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
+        return 2
+    except UsageError as err:  # the sample grid could not be drawn; the rest of the folder is written
+        print(f"error: {err}; the model folder {args.out} is written without it (--no-samples: on purpose)",
+              file=sys.stderr)
         return 2
     print(f"exported {args.run} -> {out}")
     if args.push is not None:

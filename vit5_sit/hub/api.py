@@ -46,7 +46,8 @@ from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in
 from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.models import PRESETS, Denoiser
 
-CARD_METRICS = ("fid", "is", "precision", "recall")
+CARD_METRICS = ("fid", "sfid", "is", "precision", "recall", "kid", "digit_accuracy")  # the card's column order
+NOT_METRICS = ("step", "num_samples", "seed")  # numbers in a metrics row that describe it, not measure it
 LICENSE = "mit"  # the code's license (LICENSE; the official SiT code is MIT too), stated in every card
 PIPELINE_TAG = "unconditional-image-generation"  # the Hub's closest task: it has no class-conditional one
 HUB_DATASETS = {"mnist": ("ylecun/mnist", "MNIST"), "digits": (None, "scikit-learn digits")}
@@ -99,6 +100,16 @@ def collect_metrics(run_dir: str | Path, step: int) -> list[dict]:
     return found
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def metric_columns(metrics: Sequence[dict]) -> list[str]:
+    """The metrics the rows hold, known ones (FID, sFID, IS, precision, recall, KID, digit accuracy) first."""
+    present = {k for row in metrics for k, v in row.items() if k not in NOT_METRICS and _is_number(v)}
+    return [k for k in CARD_METRICS if k in present] + sorted(present - set(CARD_METRICS))
+
+
 def _num(value) -> str:
     if value is None:
         return "n/a"
@@ -111,11 +122,10 @@ def _eval_results(metrics: Sequence[dict], dataset: tuple[str | None, str]) -> l
     from huggingface_hub import EvalResult
 
     hub_id, name = dataset
-    skip = {"step", "num_samples", "seed"}
     results = []
     for row in metrics:
         for key, value in row.items():
-            if key in skip or not isinstance(value, int | float) or isinstance(value, bool):
+            if key in NOT_METRICS or not _is_number(value):
                 continue
             results.append(EvalResult(task_type=PIPELINE_TAG, dataset_type=hub_id or name, dataset_name=name,
                                       metric_type=key, metric_value=value, metric_name=key.upper() if len(key) <= 4
@@ -165,12 +175,18 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
              f"training config), `{WEIGHTS_FILE}` (EMA weights).", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
     if metrics:
-        lines += ["## Metrics", "", "Measured by `eval_fid.py compare` (settings: samples, seed, sampler, steps, "
-                  "guidance).", "", "| step | settings | reference | " + " | ".join(CARD_METRICS) + " |",
-                  "|---:|---|---|" + "---:|" * len(CARD_METRICS)]
+        columns = metric_columns(metrics)
+        names = [k.upper() if len(k) <= 4 else k.replace("_", " ") for k in columns]
+        lines += ["## Metrics", "", "Measured for these weights (settings: samples, seed, sampler, steps, guidance; "
+                  "digit accuracy: the share of samples that vit5-sit's MNIST classifier reads as the digit asked "
+                  "for).", "", "| step | settings | reference | samples | " + " | ".join(names) + " | measured by |",
+                  "|---:|---|---|---:|" + "---:|" * len(columns) + "---|"]
         for r in metrics:
-            values = " | ".join(_num(r.get(k)) for k in CARD_METRICS)
-            lines.append(f"| {r.get('step', '')} | `{r.get('settings', '')}` | {r.get('reference') or ''} | {values} |")
+            values = " | ".join(_num(r.get(k)) for k in columns)
+            n = r.get("num_samples")
+            lines.append(f"| {r.get('step', '')} | `{r.get('settings', '')}` | {r.get('reference') or ''} | "
+                         f"{f'{n:,}' if _is_number(n) else ''} | {values} | "
+                         f"`{r.get('measured_by') or 'eval_fid.py compare'}` |")
         lines.append("")
     else:
         lines += ["## Metrics", "", "None measured for these weights yet (`eval_fid.py compare` measures them and "

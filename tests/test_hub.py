@@ -217,6 +217,38 @@ def test_bundled_demo_loads():
     assert "# " in m.model_card()
 
 
+def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
+    import yaml
+
+    from vit5_sit.hub.model_files import DEMO_MODEL
+
+    m = hub.PretrainedModel.from_pretrained()
+    assert {r["num_samples"]: r["digit_accuracy"] for r in m.metrics} == {1000: 1.0, 40: 1.0}
+    assert all(r["step"] == m.config.train.max_steps == 3600 for r in m.metrics)
+    grid = Image.open(DEMO_MODEL / hub.SAMPLES_FILE)
+    assert grid.size[1] > grid.size[0] and (DEMO_MODEL / hub.SAMPLES_FILE).stat().st_size < 100_000  # 10 rows x 4
+    card = m.model_card("me/vit5-mnist")
+    assert "None measured" not in card and "A class-conditional ViT-5 denoiser" in card
+    assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in card
+    assert "| 3600 | `n1000_seed0_ode_dpm++2m_10steps_cfg6` |  | 1,000 | 1.000 | `benchmarks/bench_frontier.py" in card
+    front = yaml.safe_load(card.split("---\n")[1])
+    index = [(x["type"], x["value"], x["config"]) for r in front["model-index"][0]["results"] for x in r["metrics"]]
+    assert sorted(index)[0] == ("digit_accuracy", 1.0, "n1000_seed0_ode_dpm++2m_10steps_cfg6") and len(index) == 2
+    # saved elsewhere (push_to_hub saves first): the grid and the metrics travel with the weights
+    out = m.save_pretrained(tmp_path / "demo")
+    assert (out / hub.SAMPLES_FILE).read_bytes() == (DEMO_MODEL / hub.SAMPLES_FILE).read_bytes()
+    assert hub.read_metrics(out) == m.metrics and f"]({hub.SAMPLES_FILE})" in (out / "README.md").read_text()
+
+
+def test_the_readme_picture_of_sample_py_is_what_it_draws():
+    """docs/demo_samples.png (the README's `python sample.py`) is the demo folder's samples.png: both are drawn
+    by sample.py with the demo's defaults (test_export_draws_the_grid_sample_py_draws... checks that drawing)."""
+    from vit5_sit.hub.model_files import DEMO_MODEL
+
+    docs, demo = Image.open(ROOT / "docs" / "demo_samples.png"), Image.open(DEMO_MODEL / hub.SAMPLES_FILE)
+    assert docs.size == demo.size and np.array_equal(np.asarray(docs), np.asarray(demo))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Repo ids: the local cache, offline.
 

@@ -168,7 +168,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
     ]
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
-    family = {"ViT5": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0], "DiT-style")
+    family = {"ViT5": "ViT-5", "ViT5G": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0],
+                                                                                 "DiT-style")
     lines = [f"# {cfg.name}", "",
              f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
              f"Files: `{CONFIG_FILE}` (the resolved "
@@ -327,6 +328,7 @@ class PretrainedModel:
     model: Denoiser                      # in eval mode
     config: ExperimentConfig        # the run's config; train.max_steps = the step of these weights
     metrics: list[dict] = dataclasses.field(default_factory=list)  # rows of `collect_metrics`
+    samples: bytes | None = None         # the folder's samples.png (a grid of these weights), carried like metrics
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str | Path | None = None, *,
@@ -350,17 +352,21 @@ class PretrainedModel:
         metrics = read_metrics(folder)
         if not metrics and folder.parent.name == "checkpoints":
             metrics = collect_metrics(folder.parent.parent, cfg.train.max_steps)
-        return cls(model, cfg, metrics)
+        samples = (folder / SAMPLES_FILE).read_bytes() if (folder / SAMPLES_FILE).is_file() else None
+        return cls(model, cfg, metrics, samples)
 
     def num_parameters(self) -> int:
         return sum(v.numel() for v in self.model.state_dict().values())
 
     def model_card(self, repo_id: str | None = None) -> str:
-        return model_card(self.config, self.num_parameters(), self.metrics, repo_id)
+        return model_card(self.config, self.num_parameters(), self.metrics, repo_id, has_samples=bool(self.samples))
 
     def save_pretrained(self, save_directory: str | Path, *, dtype: torch.dtype | None = None,
                         repo_id: str | None = None) -> Path:
-        """Write config.yaml, ema.safetensors (the weights as they are, or cast to ``dtype``), README.md."""
+        """Write config.yaml, ema.safetensors (the weights as they are, or cast to ``dtype``), README.md, and the
+        metrics.json and samples.png it was loaded with."""
+        if self.samples:
+            atomic_write_bytes(Path(save_directory) / SAMPLES_FILE, self.samples)  # first: the card shows it
         return write_model_folder(save_directory, self.model.state_dict(), self.config, metrics=self.metrics,
                                   dtype=dtype, repo_id=repo_id)
 

@@ -14,7 +14,8 @@ from vit5_sit.common.interrupt import PIPE_CLOSED_EXIT_CODE, quiet_when_piped, s
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_HELP = [["sample.py"], ["train.py"], ["eval_fid.py"], ["-m", "vit5_sit.models"], ["-m", "vit5_sit.demo"],
-             ["-m", "vit5_sit.study"]]
+             ["-m", "vit5_sit.study"], ["-m", "vit5_sit.data"], ["-m", "vit5_sit.demo.digit_classifier"],
+             ["-m", "vit5_sit.repa.classifier"]]
 
 
 def _imported(stderr: str) -> set[str]:
@@ -30,6 +31,33 @@ def test_help_does_not_import_torch(cli):
     modules = _imported(result.stderr)
     assert "argparse" in modules  # the import log was read
     assert "torch" not in modules, f"{' '.join(cli)} --help imports torch"
+
+
+def test_the_data_cli_choices_written_out_for_a_fast_help_match_the_modules_they_mirror():
+    import torch
+
+    from vit5_sit.data import __main__ as data_cli
+    from vit5_sit.data.latents import SAVE_DTYPES
+    from vit5_sit.data.vae import DEFAULT_VAE
+
+    assert data_cli.DEFAULT_VAE == DEFAULT_VAE and sorted(data_cli.DTYPES) == sorted(SAVE_DTYPES)
+    assert all(isinstance(getattr(torch, name), torch.dtype) for name in data_cli.DTYPES)
+
+
+def test_lazy_package_names_still_import():
+    """The names that moved behind PEP 562 look-ups (for a fast --help) are still there, the same objects."""
+    import vit5_sit.data
+    import vit5_sit.repa
+    from vit5_sit.data import images, vae
+    from vit5_sit.demo import digit_classifier, digit_net
+    from vit5_sit.repa import align, classifier, classifier_net
+
+    assert vit5_sit.data.ImageFolderDataset is images.ImageFolderDataset and vit5_sit.data.load_vae is vae.load_vae
+    assert vit5_sit.repa.Alignment is align.Alignment and "load_encoder" in dir(vit5_sit.repa)
+    assert digit_classifier.classify is digit_net.classify and classifier.Classifier is classifier_net.Classifier
+    for module, missing in ((vit5_sit.data, "nope"), (digit_classifier, "nope"), (classifier, "nope")):
+        with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+            getattr(module, missing)
 
 
 def _into_closed_pipe(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -75,11 +75,11 @@ ENTRY_POINTS = {  # arguments that reach the command's first torch import; TMP: 
     "eval_fid.py": ["eval_fid.py", "ref", "--data", "TMP", "--out", "TMP/r.npz"],
     "vit5_sit.cli.train": ["-m", "vit5_sit.cli.train", "output_dir=TMP"],
     "vit5_sit.cli.sample": ["-m", "vit5_sit.cli.sample", "--out", "TMP/x.png"],
-    "vit5_sit.data": ["-m", "vit5_sit.data", "--help"],
+    "vit5_sit.data": ["-m", "vit5_sit.data", "encode", "--data", "TMP", "--out", "TMP/c", "--device", "cpu"],
     "vit5_sit.models": ["-m", "vit5_sit.models"],
     "vit5_sit.demo": ["-m", "vit5_sit.demo", "export", "TMP", "--out", "TMP/m"],
     "vit5_sit.demo.digit_classifier": ["-m", "vit5_sit.demo.digit_classifier", "train", "--out", "TMP/c"],
-    "vit5_sit.repa.classifier": ["-m", "vit5_sit.repa.classifier", "--help"],
+    "vit5_sit.repa.classifier": ["-m", "vit5_sit.repa.classifier", "--out", "TMP/e.safetensors"],
 }
 FAKE_TORCH = """import os, signal, sys
 handler = signal.getsignal(signal.SIGTERM)

@@ -5,40 +5,67 @@ Every dataset here yields ``(x, label)`` with x float32 (C, H, W) and label an i
 is the same in every run (flips and posterior samples are seeded by (seed, e, i)). The training loop owns
 the sampler and calls ``set_epoch`` before it builds each epoch's DataLoader iterator.
 
-Importing this package does not import diffusers (only ``vae.load_vae`` and the encoder need it).
+Importing this package imports neither torch (its names from images.py, latents.py and vae.py are imported on
+first use) nor diffusers (only ``vae.load_vae`` and the encoder need it).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from vit5_sit.common.utils import check_choice
 
 from .digits import MARKER as DIGITS_MARKER
 from .digits import export_mnist, export_sklearn_digits, load_mnist_arrays, load_sklearn_digits_arrays
-from .images import (
-    IMAGE_EXTENSIONS,
-    ImageFolderDataset,
-    SkippedFile,
-    UnreadableDataError,
-    adm_center_crop,
-    find_images,
-    item_generator,
-)
-from .latents import LatentDataset, encode_dataset
-from .vae import (
-    DEFAULT_VAE,
-    SD_VAE_SCALING_FACTOR,
-    VAELoadError,
-    decode,
-    encode,
-    encode_moments,
-    latent_scaling,
-    load_vae,
-    sample_latents,
-)
+
+# The names of images.py, latents.py and vae.py (they import torch) are imported on first use (PEP 562), so that
+# `python -m vit5_sit.data --help` and `import vit5_sit.config` do not wait for torch.
+_LAZY = {
+    **dict.fromkeys(("IMAGE_EXTENSIONS", "ImageFolderDataset", "SkippedFile", "UnreadableDataError",
+                     "adm_center_crop", "find_images", "item_generator"), "images"),
+    **dict.fromkeys(("LatentDataset", "encode_dataset"), "latents"),
+    **dict.fromkeys(("DEFAULT_VAE", "SD_VAE_SCALING_FACTOR", "VAELoadError", "decode", "encode", "encode_moments",
+                     "latent_scaling", "load_vae", "sample_latents"), "vae"),
+}
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from .images import (
+        IMAGE_EXTENSIONS,
+        ImageFolderDataset,
+        SkippedFile,
+        UnreadableDataError,
+        adm_center_crop,
+        find_images,
+        item_generator,
+    )
+    from .latents import LatentDataset, encode_dataset
+    from .vae import (
+        DEFAULT_VAE,
+        SD_VAE_SCALING_FACTOR,
+        VAELoadError,
+        decode,
+        encode,
+        encode_moments,
+        latent_scaling,
+        load_vae,
+        sample_latents,
+    )
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 DatasetKind = Literal["images", "latents", "mnist", "digits"]
 DATASET_KINDS = ("images", "latents", "mnist", "digits")
@@ -59,6 +86,9 @@ def build_dataset(
     sample_posterior: bool = True,     # 'latents': False returns the posterior mean
 ) -> ImageFolderDataset | LatentDataset:
     """The dataset the training loop reads. 'mnist' and 'digits' export into ``path`` first (idempotent)."""
+    from .images import ImageFolderDataset
+    from .latents import LatentDataset
+
     check_choice("build_dataset: kind", kind, DATASET_KINDS)
     if kind == "latents":
         ds = LatentDataset(path, random_flip=random_flip, seed=seed, sample_posterior=sample_posterior)

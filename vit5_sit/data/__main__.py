@@ -18,17 +18,14 @@ import argparse
 import logging
 import sys
 
-import torch
-
 from vit5_sit.common.checks import UsageError, nonnegative_int, output_folder, parse_device, path_text, positive_int
 from vit5_sit.common.interrupt import stops_cleanly
 
 from .digits import export_mnist, export_sklearn_digits
-from .images import find_images
-from .latents import SAVE_DTYPES, encode_dataset
-from .vae import DEFAULT_VAE, VAELoadError, load_vae
 
-COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch, the VAE and the latent cache are imported after the arguments are parsed: --help answers at once.
+DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"  # = vae.DEFAULT_VAE (tests/test_cli_pipes.py checks that they agree)
+DTYPES = ("bfloat16", "float16", "float32")  # VAE compute dtypes; and the cache's stored ones (latents.SAVE_DTYPES)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,8 +47,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=positive_int, default=32)
     s.add_argument("--shard-size", type=positive_int, default=4096, help="images per shard file")
     s.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    s.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), default="float32", help="VAE compute dtype")
-    s.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="float32", help="stored dtype")
+    s.add_argument("--dtype", choices=DTYPES, default="float32", help="VAE compute dtype")
+    s.add_argument("--save-dtype", choices=DTYPES, default="float32", help="stored dtype")
     s.add_argument("--num-workers", type=nonnegative_int, default=4, help="image decoding processes")
     s.add_argument("--verify", action="store_true", help="header-check every image before encoding")
     s.add_argument("--part", type=nonnegative_int, default=0, help="this process's part of the shards")
@@ -81,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.command}: image folder ready at {out}")
         return 0
 
+    import torch
+
+    from .images import find_images
+    from .latents import encode_dataset
+    from .vae import VAELoadError, load_vae
+
     try:
         classes, samples = find_images(args.data)
     except ValueError as e:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--part must be in [0, --num-parts), got {args.part} with --num-parts {args.num_parts}")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        vae = load_vae(args.vae, device=device, dtype=COMPUTE_DTYPES[args.dtype])
+        vae = load_vae(args.vae, device=device, dtype=getattr(torch, args.dtype))
     except VAELoadError as e:
         p.error(f"--vae: {e}")
     try:

@@ -13,17 +13,18 @@ in ``vit5_sit/assets/digit_classifier/``; ``check`` samples the demo model's def
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from pathlib import Path
-
-import numpy as np
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from vit5_sit.common.checks import nonnegative_int, path_text
 from vit5_sit.common.interrupt import stops_cleanly
-from vit5_sit.common.utils import atomic_write_file, atomic_write_text
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from vit5_sit.demo.digit_net import DigitNet
 
 CLASSIFIER = Path(__file__).parent.parent / "assets" / "digit_classifier"
 RESOLUTION = 32        # the demo model's image size; digits are padded 28 -> 32 like the training export
@@ -34,127 +35,16 @@ LR = 2e-3
 MAX_SHIFT = 2          # pixels of random translation in training
 
 
-class DigitNet(nn.Module):
-    """Three conv-ReLU-pool stages (32 -> 4 pixels) and a two-layer head: ~95K parameters."""
-
-    def __init__(self, num_classes: int = 10):
-        super().__init__()
-
-        def stage(cin, cout):
-            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-
-        self.features = nn.Sequential(*stage(1, 16), *stage(16, 32), *stage(32, 64))  # (N, 64, 4, 4)
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 16, 64), nn.ReLU(), nn.Linear(64, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (N, 1, 32, 32) in [0, 1] -> logits (N, 10)."""
-        return self.head(self.features(x))
+# The network, its training and use are in digit_net (torch), imported on first use of one of these names (PEP 562):
+# `python -m vit5_sit.demo.digit_classifier --help` answers before torch is imported.
+_NET_NAMES = ("DigitNet", "mnist_32", "_split", "_to_input", "_shift", "train_classifier", "_accuracy",
+              "load_classifier", "classify")
 
 
-def mnist_32() -> tuple[np.ndarray, np.ndarray]:
-    """The 5,000 digits as uint8 (N, 32, 32) (padded like `export_mnist`) and int64 labels."""
-    from vit5_sit.data.digits import MNIST_PADDED_SIZE, MNIST_SIZE, load_mnist_arrays
-
-    images, labels = load_mnist_arrays()
-    pad = (MNIST_PADDED_SIZE - MNIST_SIZE) // 2
-    return np.pad(images, ((0, 0), (pad, pad), (pad, pad))), labels
-
-
-def _split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    held = np.concatenate([np.flatnonzero(labels == c)[-HELD_OUT_PER_CLASS:] for c in range(10)])
-    train = np.setdiff1d(np.arange(len(labels)), held)
-    return train, np.sort(held)
-
-
-def _to_input(images: np.ndarray) -> torch.Tensor:
-    """uint8 (N, H, W) or (N, H, W, 3) -> float (N, 1, H, W) in [0, 1] (the first channel of RGB)."""
-    x = torch.as_tensor(np.asarray(images))
-    if x.ndim == 4:
-        x = x[..., 0]
-    return x.float().div(255).unsqueeze(1)
-
-
-def _shift(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Translate each image by up to MAX_SHIFT pixels (zero fill)."""
-    n = x.shape[0]
-    padded = nn.functional.pad(x, (MAX_SHIFT,) * 4)
-    dx, dy = (torch.randint(0, 2 * MAX_SHIFT + 1, (2, n), generator=gen))
-    h, w = x.shape[-2:]
-    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
-
-
-def train_classifier(out: str | Path = CLASSIFIER, seed: int = 0, epochs: int = EPOCHS) -> dict:
-    """Train on the 4,500 training digits; write ``out/model.safetensors`` (fp16) and ``out/info.json``."""
-    from vit5_sit.common.utils import save_safetensors
-
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    images, labels = mnist_32()
-    train_idx, held_idx = _split(labels)
-    x_all, y_all = _to_input(images), torch.as_tensor(labels)
-    model = DigitNet()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, LR, total_steps=epochs * -(-len(train_idx) // BATCH_SIZE))
-    for epoch in range(epochs):
-        model.train()
-        order = torch.as_tensor(train_idx)[torch.randperm(len(train_idx), generator=gen)]
-        for lo in range(0, len(order), BATCH_SIZE):
-            idx = order[lo:lo + BATCH_SIZE]
-            loss = nn.functional.cross_entropy(model(_shift(x_all[idx], gen)), y_all[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-        acc = _accuracy(model, x_all[held_idx], y_all[held_idx])
-        print(f"epoch {epoch + 1}/{epochs}: loss {loss.item():.4f}, held-out accuracy {acc:.4f}", flush=True)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_write_file(out / "model.safetensors") as tmp:  # never a half-written model
-        save_safetensors({k: v.half().contiguous() for k, v in model.state_dict().items()}, tmp)
-    info = {"seed": seed, "epochs": epochs, "train_images": len(train_idx), "held_out_images": len(held_idx),
-            "held_out_accuracy": round(acc, 4), "command": "python -m vit5_sit.demo.digit_classifier train"}
-    atomic_write_text(out / "info.json", json.dumps(info, indent=1) + "\n")
-    return info
-
-
-@torch.no_grad()
-def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    model.eval()
-    return (model(x).argmax(1) == y).float().mean().item()
-
-
-def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
-    """The classifier in ``folder``; FileNotFoundError when it has none, ValueError (naming the file, the
-    tensor and the fix) when its file is unreadable or its tensors are not the network's finite weights."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from vit5_sit.common.checks import first_line, tensors_problem
-
-    path = Path(folder) / "model.safetensors"
-    fix = "train it again with python -m vit5_sit.demo.digit_classifier train"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no classifier; {fix}")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise ValueError(f"{path}: not a readable safetensors file ({first_line(e)}); {fix}") from None
-    model = DigitNet()
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    problem = (f"missing tensors {missing[:3]}" if missing else f"unexpected tensors {unexpected[:3]}" if unexpected
-               else tensors_problem(state, expected))
-    if problem:
-        raise ValueError(f"{path}: {problem}; {fix}")
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    return model.eval()
-
-
-@torch.no_grad()
-def classify(images: np.ndarray, model: DigitNet | None = None) -> np.ndarray:
-    """uint8 digits (N, 32, 32) or (N, 32, 32, 3), white on black -> predicted labels (N,)."""
-    model = model or load_classifier()
-    return model(_to_input(images)).argmax(1).numpy()
+def __getattr__(name: str):
+    if name not in _NET_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("vit5_sit.demo.digit_net"), name)
 
 
 def per_class_correct(predicted: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> list[int]:
@@ -173,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="per-class accuracy of a digit model's grid; other flags go to sample.py")
     c.add_argument("--classifier", type=path_text, default=str(CLASSIFIER))
     args, rest = p.parse_known_args(argv)
+    from vit5_sit.demo.digit_net import load_classifier, train_classifier  # torch: after parsing
+
     if args.cmd == "train":
         if rest:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -190,6 +82,10 @@ def check(sample_args: list[str], classifier: str | Path | DigitNet = CLASSIFIER
 
     """Sample a grid as `sample.py` would with these flags, classify it, print per-class counts."""
     import tempfile
+
+    import numpy as np
+
+    from vit5_sit.demo.digit_net import DigitNet, classify, load_classifier
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import sample as sample_cli  # the CLI's own defaults decide the sampler, guidance and seeds

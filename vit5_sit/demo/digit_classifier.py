@@ -26,14 +26,9 @@ if TYPE_CHECKING:
 
     from vit5_sit.demo.digit_net import DigitNet
 
-CLASSIFIER = Path(__file__).parent.parent / "assets" / "digit_classifier"
-RESOLUTION = 32        # the demo model's image size; digits are padded 28 -> 32 like the training export
-HELD_OUT_PER_CLASS = 50
-EPOCHS = 20
-BATCH_SIZE = 64
-LR = 2e-3
-MAX_SHIFT = 2          # pixels of random translation in training
-
+from vit5_sit.demo.digit_recipe import (  # noqa: E402 - the recipe: no torch
+    CLASSIFIER,
+)
 
 # The network, its training and use are in digit_net (torch), imported on first use of one of these names (PEP 562):
 # `python -m vit5_sit.demo.digit_classifier --help` answers before torch is imported.

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vit5_sit.common.utils import atomic_write_file, atomic_write_text
-from vit5_sit.demo.digit_classifier import (
+from vit5_sit.demo.digit_recipe import (
     BATCH_SIZE,
     CLASSIFIER,
     EPOCHS,

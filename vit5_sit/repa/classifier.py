@@ -20,12 +20,10 @@ import sys
 
 from vit5_sit.common.checks import UsageError, nonnegative_int, output_file, path_text, positive_float, positive_int
 from vit5_sit.common.interrupt import stops_cleanly
-
-FORMAT = "vit5-sit-encoder/1"
-DEFAULT_PRESET = "ViT5-T/4"
-DEFAULT_OVERRIDES = dict(layer_scale_init=None, learn_sigma=False, class_dropout_prob=0.0, num_classes=1)
-HELD_OUT_EVERY = 10  # every 10th image is the test split
-
+from vit5_sit.repa.classifier_recipe import (  # noqa: E402 - the recipe: no torch
+    DEFAULT_OVERRIDES,
+    DEFAULT_PRESET,
+)
 
 # The network, its training and its file are in classifier_net (torch), imported on first use of one of these
 # names (PEP 562): `python -m vit5_sit.repa.classifier --help` answers before torch is imported.

@@ -15,7 +15,7 @@ from torch import nn
 
 from vit5_sit.models import ModelConfig, create_model, model_config
 from vit5_sit.models.layers import rms_norm
-from vit5_sit.repa.classifier import DEFAULT_OVERRIDES, DEFAULT_PRESET, FORMAT, HELD_OUT_EVERY
+from vit5_sit.repa.classifier_recipe import DEFAULT_OVERRIDES, DEFAULT_PRESET, FORMAT, HELD_OUT_EVERY
 
 
 class Classifier(nn.Module):

@@ -89,7 +89,13 @@ def test_a_stopped_command_prints_its_line_instead_of_a_traceback(sig, capsys):
         return 0
 
     before = signal.getsignal(signal.SIGTERM)
-    assert main() == EXIT_CODE
+    # A suite launched in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and an
+    # ignored SIGINT is respected by design (test_signals_startup): this test is about a live Ctrl-C.
+    live_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main() == EXIT_CODE
+    finally:
+        signal.signal(signal.SIGINT, live_sigint)
     assert capsys.readouterr().err.strip() == "interrupted: kept X; run it again"
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
     with sigterm_as_ctrl_c(), pytest.raises(KeyboardInterrupt):

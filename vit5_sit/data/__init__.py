@@ -11,11 +11,11 @@ first use) nor diffusers (only ``vae.load_vae`` and the encoder need it).
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from vit5_sit.common.lazy import lazy_exports
 from vit5_sit.common.utils import check_choice
 
 from .digits import MARKER as DIGITS_MARKER
@@ -55,16 +55,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     )
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value  # once imported, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 DatasetKind = Literal["images", "latents", "mnist", "digits"]

@@ -12,8 +12,9 @@ official.py (official SiT files); dit.py re-exports the names it held before the
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from vit5_sit.common.lazy import lazy_exports
 
 # The names below are imported from their modules on first use (PEP 562), so that importing this package, as
 # `python -m vit5_sit.models --help` does, costs nothing until a model is needed (the modules import torch).
@@ -33,16 +34,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from vit5_sit.models.presets import PRESETS, create_model, model_config
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value  # once imported, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = [
     "PRESETS",

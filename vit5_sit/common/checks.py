@@ -402,3 +402,14 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def state_dict_problem(state: dict, expected: dict) -> str | None:
+    """`tensors_problem` for a file that must hold exactly the model's tensors: a missing or unexpected key first
+    (up to three named), then dtype, shape and finiteness; None when it loads as it is."""
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing:
+        return f"missing tensors {missing[:3]}"
+    if unexpected:
+        return f"unexpected tensors {unexpected[:3]}"
+    return tensors_problem(state, expected)

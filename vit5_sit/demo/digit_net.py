@@ -117,7 +117,7 @@ def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from vit5_sit.common.checks import first_line, tensors_problem
+    from vit5_sit.common.checks import first_line, state_dict_problem
 
     path = Path(folder) / "model.safetensors"
     fix = "train it again with python -m vit5_sit.demo.digit_classifier train"
@@ -129,9 +129,7 @@ def load_classifier(folder: str | Path = CLASSIFIER) -> DigitNet:
         raise ValueError(f"{path}: not a readable safetensors file ({first_line(e)}); {fix}") from None
     model = DigitNet()
     expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    problem = (f"missing tensors {missing[:3]}" if missing else f"unexpected tensors {unexpected[:3]}" if unexpected
-               else tensors_problem(state, expected))
+    problem = state_dict_problem(state, expected)
     if problem:
         raise ValueError(f"{path}: {problem}; {fix}")
     model.load_state_dict({k: v.float() for k, v in state.items()})

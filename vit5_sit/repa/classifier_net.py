@@ -76,7 +76,7 @@ def load_classifier(path: str | Path) -> Classifier:
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    from vit5_sit.common.checks import first_line, tensors_problem
+    from vit5_sit.common.checks import first_line, state_dict_problem
     from vit5_sit.repa.features import EncoderError
 
     key, make = f"repa.encoder={path}", "make one with `python -m vit5_sit.repa.classifier`"
@@ -95,9 +95,7 @@ def load_classifier(path: str | Path) -> Classifier:
     except (KeyError, TypeError, ValueError) as e:
         raise EncoderError(f"{key}: damaged metadata ({first_line(e)}); {make} again") from None
     expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    problem = (f"missing tensors {missing[:3]}" if missing else f"unexpected tensors {unexpected[:3]}" if unexpected
-               else tensors_problem(state, expected))
+    problem = state_dict_problem(state, expected)
     if problem:
         raise EncoderError(f"{key}: {problem}; {make} again")
     model.load_state_dict(state, strict=True)

@@ -151,16 +151,18 @@ def reference_fids(rows: list[dict]) -> dict[float, float | None]:
     return best
 
 
-def recommend(rows: list[dict], cfg: float, reference: float | None, tolerance: float = 0.05) -> dict | None:
-    """The issue's default rule: the fewest network calls whose FID is within `tolerance` of the reference and
-    whose digit accuracy is no lower than the reference cell's (every digit right where it draws every one)."""
+def recommend(rows: list[dict], cfg: float, reference: float | None, tolerance: float = 0.05) -> list[dict]:
+    """The issue's default rule: the settings with the fewest network calls whose FID is within `tolerance` of the
+    reference and whose digit accuracy is no lower than the reference cell's (every digit right where it draws
+    every one); several when they tie in NFE, best FID first ([] when no reference or none qualifies)."""
     mine = [r for r in rows if r["cfg"] == cfg and "fid" in r]
     refs = [r for r in mine if is_reference(r) and r["fid"] == reference]
     if reference is None or not refs:
-        return None
+        return []
     floor = refs[0]["accuracy"]
     ok = [r for r in mine if r["fid"] <= reference * (1 + tolerance) and r["accuracy"] >= floor]
-    return min(ok, key=lambda r: (r["nfe"], r["fid"])) if ok else None
+    fewest = min((r["nfe"] for r in ok), default=None)
+    return sorted((r for r in ok if r["nfe"] == fewest), key=lambda r: r["fid"])
 
 
 def report(out: Path, plot: Path | None) -> None:
@@ -184,9 +186,9 @@ def report(out: Path, plot: Path | None) -> None:
     for cfg, fid in best.items():
         measured = f"{fid:.2f}" if fid else "not measured yet"
         print(f"\nreference FID at cfg {cfg:g} (best of SDE 250 / dopri5 1e-5): {measured}")
-        if (pick := recommend(rows, cfg, fid)) is not None:
-            print(f"fewest NFE within 5% of it at no lower digit accuracy: {pick['cell']} (NFE {pick['nfe']}, "
-                  f"FID {pick['fid']:.2f}, digits {pick['accuracy']:.1%})")
+        if picks := recommend(rows, cfg, fid):
+            print(f"fewest NFE within 5% of it at no lower digit accuracy: {picks[0]['nfe']}: " + ", ".join(
+                f"{r['cell']} (FID {r['fid']:.2f}, digits {r['accuracy']:.1%})" for r in picks))
     if plot is None:
         return
     import matplotlib

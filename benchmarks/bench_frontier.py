@@ -37,10 +37,11 @@ from vit5_sit.transport import SamplerConfig, Transport, TransportConfig, sample
 
 # Cells in the order they are run: the candidates first (demo guidance 6), the expensive references last.
 DEFAULT_CELLS = (
-    "dpm++2m/uniform/10@6", "dpm++2m/logsnr/10@6", "euler/uniform/10@6", "dpm++2m/uniform/6@6",
+    "dpm++2m/uniform/10@6", "dpm++2m/logsnr/10@6", "euler/uniform/10@6", "dpm++2m/uniform/6@6", "euler/uniform/6@6",
+    "dpm++2m/uniform/5@6", "euler/uniform/5@6", "dpm++2m/uniform/4@6", "euler/uniform/4@6",
     "dpm++2m/uniform/15@6", "dpm++3m/uniform/10@6", "dpm++2m/uniform/25@6", "heun/uniform/10@6",
     "euler/uniform/25@6", "dpm++2m/shift/10@6", "dpm++2m/edm/10@6", "sde/euler/50@6",
-    "dpm++2m/uniform/10@1", "dpm++2m/uniform/25@1", "euler/uniform/25@1",
+    "dpm++2m/uniform/6@1", "euler/uniform/6@1", "dpm++2m/uniform/10@1", "dpm++2m/uniform/25@1", "euler/uniform/25@1",
     "dopri5/tol/1e-5@6", "sde/euler/249@6", "dopri5/tol/1e-5@1", "sde/euler/249@1",
 )
 REFERENCE_METHODS = ("dopri5", "sde")  # plotted as single points, not as step series

@@ -89,4 +89,20 @@ def test_sample_py_scheduler_flags(model_dir, tmp_path, capsys):
     assert sample_cli.main([*base, "--scheduler", "unipc", "--out", str(tmp_path / "s.npz")]) == 2
     assert sample_cli.main([*base, "--method", "dpm++2m", "--grid", "logsnr", "--out", str(tmp_path / "d.png")]) == 0
     err = capsys.readouterr().err
-    assert "leave out --sampler/--method/--grid" in err and "for .png grids" in err
+    assert "leave out --sampler/--method/--grid/--tol" in err and "for .png grids" in err
+
+
+def test_sample_py_tol_sets_an_adaptive_solvers_tolerances_and_is_refused_elsewhere(model_dir, tmp_path, capsys):
+    from vit5_sit.cli import sample as sample_cli
+    from vit5_sit.sampling.generate import sampler_settings
+
+    assert (sampler_settings(None, "ode", "dopri5", tol=1e-5).atol, sampler_settings(None, "ode", "dopri5",
+                                                                                     tol=1e-5).rtol) == (1e-5, 1e-5)
+    for mode, method in (("ode", "dpm++2m"), ("sde", "euler")):
+        with pytest.raises(ValueError, match="adaptive ODE solvers.*add --method dopri5"):
+            sampler_settings(None, mode, method, tol=1e-5)
+    base = ["--ckpt", str(model_dir), "--no-progress", "--classes", "1", "--per-class", "1"]
+    assert sample_cli.main([*base, "--method", "dopri5", "--tol", "1e-3", "--out", str(tmp_path / "a.png")]) == 0
+    assert "ode/dopri5 atol 0.001 rtol 0.001" in capsys.readouterr().out
+    assert sample_cli.main([*base, "--method", "euler", "--tol", "1e-3", "--out", str(tmp_path / "e.png")]) == 2
+    assert "--tol" in capsys.readouterr().err and not (tmp_path / "e.png").exists()

@@ -44,6 +44,7 @@ from vit5_sit.common.checks import (
     output_folder,
     parse_device,
     path_text,
+    positive_float,
     positive_int,
     storage_failure,
 )
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="ode: euler, heun, dpm++2m, dpm++3m (DPM-Solver++ multistep, one network call a step), dopri5, ...; "
              "sde: euler (Euler-Maruyama), heun (default: the config's)")
     arg("--steps", type=positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
+    arg("--tol", type=positive_float, default=None, metavar="TOL",
+        help="adaptive ODE solvers (dopri5, ...): atol = rtol = TOL, e.g. 1e-5 for a FID reference (default: the "
+             "config's atol / rtol, else 1e-6 / 1e-3)")
     arg("--grid", choices=("uniform", "shift", "logsnr", "edm"), default=None,
         help="fixed-step methods: where the steps go in t (shift: SD3's, shift 3; logsnr: equal steps in "
              "log(alpha/sigma); default: the config's)")
@@ -180,22 +184,22 @@ def sampler_config(args, cfg):
     from vit5_sit.sampling.generate import sampler_settings
 
     if args.scheduler is not None:
-        if args.sampler is not None or args.method is not None or args.grid is not None:
+        if args.sampler is not None or args.method is not None or args.grid is not None or args.tol is not None:
             raise UsageError(f"--scheduler {args.scheduler}: samples with that diffusers scheduler; leave out "
-                             "--sampler/--method/--grid (or leave out --scheduler)")
+                             "--sampler/--method/--grid/--tol (or leave out --scheduler)")
         steps = args.steps or (cfg.sampler.steps if cfg is not None else None)
         return sampler_settings(None, "ode", "euler", steps)  # its steps, one network call each
     try:
         return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps,
-                                args.grid)
+                                args.grid, args.tol)
     except ValueError as e:
-        raise UsageError(f"--sampler/--method/--steps/--grid: {e}") from None
+        raise UsageError(f"--sampler/--method/--steps/--grid/--tol: {e}") from None
 
 
 def sampler_source(args, cfg) -> str:
     """Where the sampler settings came from, for the line sample.py prints before sampling."""
     flags = [f for f, v in (("--sampler", args.sampler), ("--method", args.method), ("--steps", args.steps),
-                            ("--grid", args.grid)) if v is not None]
+                            ("--grid", args.grid), ("--tol", args.tol)) if v is not None]
     base = "the model's config" if cfg is not None else "the default"
     return f"{base} with {', '.join(flags)}" if flags else base
 
@@ -314,6 +318,8 @@ def _run(args, grid: bool) -> int:
     steps = f" {sampler.steps} steps" if sampler.method in FIXED_STEP_METHODS else ""
     if sampler.method in FIXED_STEP_METHODS and sampler.grid != "uniform":
         steps += f" on the {sampler.grid} grid"
+    if sampler.mode == "ode" and sampler.method not in FIXED_STEP_METHODS:
+        steps += f" atol {sampler.atol:g} rtol {sampler.rtol:g}"
     name = f"{sampler.mode}/{sampler.method}" if scheduler is None else f"diffusers {type(scheduler).__name__}"
     what = f"{size}x{size}, {name}{steps}, cfg {args.cfg_scale:g}"
     source = sampler_source(args, loaded.cfg) if scheduler is None else "--scheduler"

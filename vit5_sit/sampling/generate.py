@@ -36,7 +36,9 @@ from vit5_sit.transport import (
     check_seeds,
     sample,
 )
-from vit5_sit.transport.samplers import FIXED_STEP_METHODS  # adaptive ODE solvers share step sizes in a batch
+
+# FIXED_STEP_METHODS: adaptive ODE solvers share step sizes in a batch
+from vit5_sit.transport.samplers import FIXED_STEP_METHODS, ODE_ADAPTIVE
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}]"
@@ -52,9 +54,10 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
 
 
 def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None, method: str | None = None,
-                     steps: int | None = None, grid: str | None = None) -> SamplerConfig:
+                     steps: int | None = None, grid: str | None = None, tol: float | None = None) -> SamplerConfig:
     """A model's sampler (``base``: its config's, None = the defaults) with some settings changed; switching
-    ``mode`` without a ``method`` takes Euler, since the base's method belongs to the other mode."""
+    ``mode`` without a ``method`` takes Euler, since the base's method belongs to the other mode. ``tol`` sets
+    an adaptive ODE solver's atol and rtol both (refused for any other method: it would be ignored)."""
     fields = dataclasses.asdict(base if base is not None else SamplerConfig())
     if mode is not None and mode != fields["mode"]:
         fields["mode"], fields["method"] = mode, "euler"
@@ -64,6 +67,11 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
         fields["steps"] = steps
     if grid is not None:
         fields["grid"] = grid
+    if tol is not None:
+        if fields["mode"] != "ode" or fields["method"] not in ODE_ADAPTIVE:
+            raise ValueError(f"a tolerance is for adaptive ODE solvers ({', '.join(ODE_ADAPTIVE)}), not "
+                             f"{fields['mode']} {fields['method']!r}: add --method dopri5 or leave the tolerance out")
+        fields["atol"] = fields["rtol"] = tol
     return SamplerConfig(**fields)
 
 

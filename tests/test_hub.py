@@ -230,16 +230,16 @@ def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
     card = m.model_card("me/vit5-mnist")
     assert "None measured" not in card and "A class-conditional ViT-5 denoiser" in card
     assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in card
-    assert ("| 3600 | `n1000_seed0_ode_dpm++2m_6steps_cfg6` | all 5,000 real digits (data/mnist32), torch-fidelity "
-            "Inception pool3 | 1,000 | 67.09 | 1.000 | `benchmarks/bench_frontier.py") in card
+    assert ("| 3600 | `n1000_seed0_ode_euler_6steps_cfg6` | all 5,000 real digits (data/mnist32), torch-fidelity "
+            "Inception pool3 | 1,000 | 66.56 | 1.000 | `benchmarks/bench_frontier.py") in card
     front = yaml.safe_load(card.split("---\n")[1])
     index = [(x["type"], x["value"], x["config"]) for r in front["model-index"][0]["results"] for x in r["metrics"]]
-    grid40 = "n40_seed0_ode_dpm++2m_6steps_cfg6 (python sample.py: 4 per class)"
-    assert sorted(index)[:2] == [("digit_accuracy", 1.0, "n1000_seed0_ode_dpm++2m_6steps_cfg6"),
+    grid40 = "n40_seed0_ode_euler_6steps_cfg6 (python sample.py: 4 per class)"
+    assert sorted(index)[:2] == [("digit_accuracy", 1.0, "n1000_seed0_ode_euler_6steps_cfg6"),
                                  ("digit_accuracy", 1.0, grid40)]
-    assert ("fid", 67.09, "n1000_seed0_ode_dpm++2m_6steps_cfg6") in index and len(index) == 3
+    assert ("fid", 66.56, "n1000_seed0_ode_euler_6steps_cfg6") in index and len(index) == 3
     # the grid default is the frontier's pick (benchmarks/README.md): the rows measure the folder's own sampler
-    assert (m.config.sampler.method, m.config.sampler.steps) == ("dpm++2m", 6)
+    assert (m.config.sampler.method, m.config.sampler.steps) == ("euler", 6)
     # saved elsewhere (push_to_hub saves first): the grid and the metrics travel with the weights
     out = m.save_pretrained(tmp_path / "demo")
     assert (out / hub.SAMPLES_FILE).read_bytes() == (DEMO_MODEL / hub.SAMPLES_FILE).read_bytes()

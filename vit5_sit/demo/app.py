@@ -11,7 +11,7 @@ run, checkpoint, model folder or Hub repo; on another address it serves only --m
 --allow names (``--allow any`` lifts that), so a page reachable from the network cannot be made to read other
 folders of this machine or download arbitrary repos. Generation is `Vit5SitPipeline` (the
 images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
-model draws its 40-digit grid with its folder's sampler defaults (ODE DPM-Solver++ 2M, 6 steps, guidance 6:
+model draws its 40-digit grid with its folder's sampler defaults (ODE Euler, 6 steps, guidance 6:
 6 network evaluations a batch) in the time ``python sample.py`` takes; fewer images per class or steps are
 quicker. A grid may take at most --max-evals
 network evaluations (images x evaluations, x 2 when guided; dopri5 is stopped past it), one grid is drawn at a
@@ -43,7 +43,7 @@ MAX_STEPS = 250
 MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo, not a batch job
 MAX_EVALS = 16_384           # image-evaluations of the network per grid (a guided one counts 2), adaptive solvers
 #                              included: 4x the demo's old default grid (SDE 50: 40 x 51 x 2 = 4,080; 34x its
-#                              default grid now, dpm++2m 6 steps: 40 x 6 x 2 = 480)
+#                              default grid now, Euler 6 steps: 40 x 6 x 2 = 480)
 MAX_QUEUE = 16               # calls waiting for the sampler; more are turned away ("queue is full")
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
 METHODS = ("dpm++2m", "dpm++3m", "euler", "heun", "dopri5")  # the page's choices: fixed-step solvers (DPM-Solver++

@@ -397,7 +397,7 @@ def test_guidance_needs_a_null_label(tmp_path, capsys):
     (["--image-size", "10"], "--image-size 10: this model needs a multiple of 4"),
     (["--out", "x.jpg"], "--out x.jpg: expected a .png grid or a .npz"),
     (["--vae", "stabilityai/sd-vae-ft-ema"], "--vae: this model works on pixels"),
-    (["--sampler", "sde", "--method", "dopri5"], "--sampler/--method/--steps/--grid:"),
+    (["--sampler", "sde", "--method", "dopri5"], "--sampler/--method/--steps/--grid/--tol:"),
     (["--num-samples", "5"], "--num-samples/--part-size: for .npz outputs"),
     (["--preset", "SiT-XL/2"], "--preset: applies to official .pt files only"),
     (["--guidance-interval", "0.8", "0.2"], "--guidance-interval 0.8 0.2"),

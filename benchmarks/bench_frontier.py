@@ -199,14 +199,16 @@ def report(out: Path, plot: Path | None) -> None:
 
     cfgs = sorted(best, reverse=True)
     fig, axes = plt.subplots(2, len(cfgs), figsize=(5 * len(cfgs), 7), squeeze=False)
+    names = sorted({r["cell"].split("/")[0] + "/" + r["cell"].split("/")[1] for r in rows})
+    colors = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per series in every panel
     for j, cfg in enumerate(cfgs):
         mine = [r for r in rows if r["cfg"] == cfg]
         for name in sorted({r["cell"].split("/")[0] + "/" + r["cell"].split("/")[1] for r in mine}):
             pts = sorted((r["nfe"], r.get("fid", math.nan), r["accuracy"]) for r in mine
                          if r["cell"].startswith(name + "/"))
             style = "s" if name.split("/")[0] in REFERENCE_METHODS else "o-"
-            axes[0, j].plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
-            axes[1, j].plot([p[0] for p in pts], [100 * p[2] for p in pts], style, label=name)
+            axes[0, j].plot([p[0] for p in pts], [p[1] for p in pts], style, label=name, color=colors[name])
+            axes[1, j].plot([p[0] for p in pts], [100 * p[2] for p in pts], style, label=name, color=colors[name])
         if best[cfg]:
             axes[0, j].axhline(best[cfg] * 1.05, color="gray", ls="--", label="reference + 5%")
         axes[0, j].set(xscale="log", xlabel="NFE", ylabel="FID-1K", title=f"demo model, guidance {cfg:g}")

@@ -139,6 +139,11 @@ def score_cell(cell: str, out: Path, reference: Path) -> dict:
     return result
 
 
+def series(row: dict) -> str:
+    """A cell's series in the plot: METHOD/GRID (its step counts are the points)."""
+    return "/".join(row["cell"].split("/")[:2])
+
+
 def is_reference(row: dict) -> bool:
     return row["cell"].split("@")[0] in REFERENCE_CELLS
 
@@ -199,11 +204,11 @@ def report(out: Path, plot: Path | None) -> None:
 
     cfgs = sorted(best, reverse=True)
     fig, axes = plt.subplots(2, len(cfgs), figsize=(5 * len(cfgs), 7), squeeze=False)
-    names = sorted({r["cell"].split("/")[0] + "/" + r["cell"].split("/")[1] for r in rows})
+    names = sorted({series(r) for r in rows})
     colors = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per series in every panel
     for j, cfg in enumerate(cfgs):
         mine = [r for r in rows if r["cfg"] == cfg]
-        for name in sorted({r["cell"].split("/")[0] + "/" + r["cell"].split("/")[1] for r in mine}):
+        for name in sorted({series(r) for r in mine}):
             pts = sorted((r["nfe"], r.get("fid", math.nan), r["accuracy"]) for r in mine
                          if r["cell"].startswith(name + "/"))
             style = "s" if name.split("/")[0] in REFERENCE_METHODS else "o-"

@@ -299,6 +299,30 @@ def test_the_bundled_study_file_is_valid():
     assert spec.eval.num_samples >= 1000
 
 
+def test_the_generation_study_shares_the_component_studys_runs_and_samples_like_the_demo():
+    """configs/study/generation.yaml (#28) trains into the component study's run folders: an arm of both files must
+    be the same training (config, overrides), and its sampler is the demo's default (the frontier's pick)."""
+    from vit5_sit.config import load_config
+
+    root = Path(__file__).resolve().parent.parent
+    gen = load_study(root / "configs" / "study" / "generation.yaml")
+    comp = load_study(root / "configs" / "study" / "mnist.yaml")
+    assert gen.output_dir == comp.output_dir and gen.results_dir != comp.results_dir
+    component_arms = {a.name: a for a in comp.arms}
+    for arm in gen.arms:
+        assert arm.name in component_arms, arm.name
+        other = component_arms[arm.name]
+        assert (arm.config, arm.overrides) == (other.config, other.overrides), arm.name
+        assert len(arm.seeds) >= 3
+    assert gen.max_steps == 3600 and gen.eval.cfg_scales == (1.0, 6.0)
+    demo = load_config(root / "vit5_sit" / "assets" / "demo" / "config.yaml")
+    assert (gen.eval.mode, gen.eval.method, gen.eval.steps) == (demo.sampler.mode, demo.sampler.method,
+                                                                 demo.sampler.steps)
+    assert demo.log.sample_cfg_scale in gen.eval.cfg_scales
+    assert {"sfid", "precision", "recall", "digit_accuracy"} <= set(gen.eval.metrics)
+    assert set(gen.decision.candidates) == {a.name for a in gen.arms}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A real tiny study: train.py subprocesses, Inception features, the report.
 

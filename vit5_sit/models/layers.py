@@ -190,14 +190,22 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, affine=True) if cfg.qk_norm else None
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
-        B, T, D = x.shape
+    def project(self, x: torch.Tensor, rope: Rope | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q, k, v, each (B, H, T, hd): what enters the softmax (QK-norm and RoPE applied).
+        The one place q and k are made: `forward` and the attention statistics (vit5_sit.eval.attention)."""
+        B, T, _ = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd), views of qkv (no copy)
         if self.q_norm is not None:  # each one fused call: RMSNorm, weight and RoPE (None: no rotation)
             q, k = self.q_norm(q, rope), self.k_norm(k, rope)
         elif rope is not None:
             q, k = apply_rope(q.float(), rope).to(v.dtype), apply_rope(k.float(), rope).to(v.dtype)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.project(x, rope)
         x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd), laid out (B, T, H, hd) in memory
         x = x.transpose(1, 2).reshape(B, T, D)  # a view for SDPA's output layout
         return self.proj(x)

@@ -151,6 +151,7 @@ def _exit_code(argv: list[str]) -> int:
     (["--num", "0"], "--num"),
     (["--num", "99"], "holds only 6"),
     (["--data", "/nonexistent/folder"], "--data"),
+    (["--device", "gpu7"], "--device"),
 ])
 def test_bad_arguments_name_the_value_and_the_fix(tmp_path, capsys, args, words):
     folder = _model_folder(tmp_path)

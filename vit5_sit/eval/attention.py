@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from vit5_sit.common.checks import nonnegative_int, output_file, positive_int
+from vit5_sit.common.checks import nonnegative_int, output_file, parse_device, positive_int
 from vit5_sit.common.interrupt import stops_cleanly
 
 DEFAULT_TIMES = (0.1, 0.5, 0.9)  # near noise, half-way, near data (t = 1 is data, SiT's convention)
@@ -143,13 +143,15 @@ def real_batch(cfg, num: int, data: str | None = None, channels: int | None = No
 
 def measure(model, transport, x1: torch.Tensor, y: torch.Tensor, times, seed: int = 0
             ) -> dict[float, list[BlockAttention]]:
-    """The statistics at each t of ``times``, x_t on ``transport``'s path with noise drawn from ``seed``."""
+    """The statistics at each t of ``times``, x_t on ``transport``'s path with noise drawn from ``seed`` (on the
+    CPU, so a device gives the same batch); computed on the model's device."""
+    device = next(model.parameters()).device
     x0 = torch.randn(x1.shape, generator=torch.Generator().manual_seed(seed))
     out = {}
     for t in times:
         tt = torch.full((x1.shape[0],), float(t))
         x_t, _ = transport.interpolate(x0, x1, tt)
-        out[t] = attention_statistics(model, x_t, tt, y)
+        out[t] = attention_statistics(model, x_t.to(device), tt.to(device), y.to(device))
     return out
 
 
@@ -189,7 +191,7 @@ def _measure_one(name: str, args) -> dict[float, list[BlockAttention]]:
     from vit5_sit.hub.model_files import load_for_sampling
     from vit5_sit.transport import Transport
 
-    model, cfg = load_for_sampling(name, use_ema=not args.no_ema)
+    model, cfg = load_for_sampling(name, use_ema=not args.no_ema, device=args.device)
     x1, y = real_batch(cfg, args.num, args.data, model.in_channels)
     return measure(model, Transport(cfg.transport), x1, y, args.t, args.seed)
 
@@ -205,11 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num", type=positive_int, default=64, help="real items in the batch (default: 64)")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the noise (default: 0)")
     parser.add_argument("--data", default=None, help="the data folder (default: the run's config data.path)")
+    parser.add_argument("--device", default="cpu", help="where the forwards run (default: cpu), e.g. cuda")
     parser.add_argument("--no-ema", action="store_true", help="the raw weights instead of the EMA")
     parser.add_argument("--json", default=None, help="also write the statistics to this JSON file")
     args = parser.parse_args(argv)
     try:
         json_path = None if args.json is None else output_file(args.json, "--json")
+        args.device = parse_device(args.device)
     except ValueError as e:
         parser.error(str(e))
     from vit5_sit.config import ConfigError

@@ -30,14 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
 from vit5_sit.transport import SamplerConfig, StackedRandomGenerator, Transport  # noqa: E402
-from vit5_sit.transport.samplers import _velocity, ode_euler, ode_heun, steps_grid  # noqa: E402
+from vit5_sit.transport.samplers import ode_euler, ode_heun, steps_grid  # noqa: E402
 
 
 def heun_euler_last(model_fn, noise, y, transport, cfg):
     """Heun on every step but the last, which is a plain Euler step (no network call at the grid's end)."""
     grid = steps_grid(transport, cfg)
     x = ode_heun(model_fn, noise, y, transport, cfg, t_steps=grid[:-1])
-    return x + (grid[-1] - grid[-2]) * _velocity(model_fn, transport, x, grid[-2], y)
+    t = torch.full((x.shape[0],), grid[-2], dtype=x.dtype)
+    return x + (grid[-1] - grid[-2]) * transport.velocity(model_fn(x, t, y), x, t)
 
 
 VARIANTS = {

@@ -7,11 +7,10 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import save_file
+from tinydata import image_folder
 
 from vit5_sit.config import load_config, save_config
 from vit5_sit.eval.attention import _block_statistics, attention_statistics, main
@@ -105,12 +104,7 @@ def test_a_sink_and_a_high_norm_token_show_analytically():
 
 
 def _model_folder(root: Path) -> Path:
-    data = root / "data"
-    rng = np.random.default_rng(0)
-    for c in range(2):
-        (data / f"class{c}").mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"class{c}" / f"{i}.png")
+    data = image_folder(root / "data", per_class=3)
     cfg, model = _model([f"data.path={data}"])
     folder = root / "model"
     folder.mkdir()

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tinydata import image_folder
 
 from vit5_sit.common.interrupt import EXIT_CODE, sigint_at_default, sigterm_as_ctrl_c, stops_cleanly
 from vit5_sit.config import load_config, save_config
@@ -197,14 +198,7 @@ def test_sigint_in_a_grid_writes_nothing_and_says_so(model_dir, tmp_path):
 
 
 def _digits(root: Path) -> Path:
-    rng = np.random.default_rng(0)
-    from PIL import Image
-
-    for c in range(2):
-        (root / str(c)).mkdir(parents=True)
-        for i in range(8):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(root / str(c) / f"{i}.png")
-    return root
+    return image_folder(root, per_class=8, prefix="")
 
 
 def _final(run: Path) -> dict[str, torch.Tensor]:

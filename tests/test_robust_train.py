@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+from tinydata import image_folder
 
 from vit5_sit.config import load_config
 
@@ -35,15 +34,6 @@ def _reset_accelerate():
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
-
-
-def _images(root: Path, classes: int = 2, per_class: int = 4, size: int = 8) -> Path:
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}/{i}.png")
-    return root
 
 
 def _overrides(out: Path, data: Path, name: str = "r", steps: int = 2) -> list[str]:
@@ -83,7 +73,7 @@ def _run(argv: list[str], capsys) -> str:
 
 
 def test_resume_auto_with_nothing_valid_refuses_and_changes_nothing(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "runs" / "r"
     _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
     for meta in run.glob("checkpoints/step_*/meta.json"):
@@ -96,7 +86,7 @@ def test_resume_auto_with_nothing_valid_refuses_and_changes_nothing(tmp_path, ca
 
 
 def test_resume_auto_skips_a_damaged_newest_and_cleans_a_stale_temp_folder(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "runs" / "r"
     _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
     (run / "checkpoints/step_0000004/meta.json").write_text("[]")
@@ -119,7 +109,7 @@ def test_resume_auto_skips_a_damaged_newest_and_cleans_a_stale_temp_folder(tmp_p
     (["train.seed=3"], ["train.seed"]),
 ])
 def test_resume_with_other_settings_names_the_fields(tmp_path, capsys, change, fields):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "runs" / "r"
     _run(_overrides(tmp_path / "runs", data), capsys)
     before = _tree(run)
@@ -135,7 +125,7 @@ def test_resume_with_other_settings_names_the_fields(tmp_path, capsys, change, f
 ])
 def test_a_checkpoint_copied_without_its_run_folder_is_checked_against_the_model(tmp_path, capsys, change, named):
     """No config.yaml to compare with (a step folder copied elsewhere): the weights' names and shapes are."""
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     _run(_overrides(tmp_path / "runs", data), capsys)
     copied = tmp_path / "elsewhere" / "step_0000002"
     copied.parent.mkdir()
@@ -149,7 +139,7 @@ def test_a_checkpoint_copied_without_its_run_folder_is_checked_against_the_model
 
 
 def test_resume_may_change_the_schedule(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     _run(_overrides(tmp_path / "runs", data), capsys)
     out = _run([*_overrides(tmp_path / "runs", data, steps=4), "train.lr=5e-4", "train.grad_accum=2",
                 "--resume", "auto"], capsys)
@@ -173,7 +163,7 @@ def test_resume_may_change_the_schedule(tmp_path, capsys):
 def test_a_failed_start_leaves_no_run_folder(tmp_path, capsys, setup, extra, message):
     data = tmp_path / "data"
     if setup == "two_classes":
-        _images(data)
+        image_folder(data)
     elif setup == "unreadable":
         (data / "a").mkdir(parents=True)
         for i in range(3):
@@ -188,7 +178,7 @@ def test_a_failed_start_leaves_no_run_folder(tmp_path, capsys, setup, extra, mes
 
 
 def test_run_folder_under_a_file_fails_before_any_compute(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     (tmp_path / "afile").write_text("not a folder")
     before = _tree(tmp_path)
     line = _fails(_overrides(tmp_path / "afile", data), capsys)
@@ -197,7 +187,7 @@ def test_run_folder_under_a_file_fails_before_any_compute(tmp_path, capsys):
 
 
 def test_checkpoints_path_that_is_a_file(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     (tmp_path / "runs/r").mkdir(parents=True)
     (tmp_path / "runs/r/checkpoints").write_text("oops")
     before = _tree(tmp_path)
@@ -209,7 +199,7 @@ def test_checkpoints_path_that_is_a_file(tmp_path, capsys):
 @pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
                     reason="root writes into read-only folders: the chmod case cannot be made as root")
 def test_read_only_output_dir(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -237,7 +227,7 @@ def test_low_free_space_is_a_warning_before_the_first_step(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_unreadable_files_are_reported_once_with_workers_and_summarised(tmp_path):
-    data = _images(tmp_path / "data", per_class=6)
+    data = image_folder(tmp_path / "data", per_class=6)
     bad = data / "class0" / "truncated.png"
     good = (data / "class0" / "0.png").read_bytes()
     bad.write_bytes(good[: len(good) // 2])  # passes the header, fails to decode
@@ -251,7 +241,7 @@ def test_unreadable_files_are_reported_once_with_workers_and_summarised(tmp_path
 
 
 def test_resume_from_a_run_folder_or_any_folder_says_what_to_pass(tmp_path, capsys):
-    data = _images(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "runs" / "r"
     _run(_overrides(tmp_path / "runs", data, steps=4), capsys)
     before = _tree(run)

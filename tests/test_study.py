@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
+from tinydata import image_folder
 
 from vit5_sit.common.interrupt import sigint_at_default
 from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load_study, mean_sd, sampling_noise
@@ -343,12 +343,7 @@ def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     from vit5_sit.study import runner
     from vit5_sit.study.report import write_report
 
-    rng = np.random.default_rng(0)
-    data = tmp_path / "data"
-    for c in range(2):
-        (data / f"c{c}").mkdir(parents=True)
-        for i in range(8):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    data = image_folder(tmp_path / "data", per_class=8, prefix="c")
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
@@ -431,12 +426,7 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
     from vit5_sit.study import runner
     from vit5_sit.train.checkpoint import list_checkpoints
 
-    data = tmp_path / "data"
-    rng = np.random.default_rng(0)
-    for c in range(2):
-        (data / f"c{c}").mkdir(parents=True)
-        for i in range(4):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    data = image_folder(tmp_path / "data", prefix="c")
     steps = 400
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({

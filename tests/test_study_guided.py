@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tinydata import image_folder
 
 from vit5_sit.study import Arm, DecisionSpec, EvalSpec, StudyError, StudySpec, decide, load_study, runner
 from vit5_sit.study.__main__ import main
@@ -317,7 +318,6 @@ def test_a_damaged_digit_classifier_is_one_named_error(tmp_path, monkeypatch):
 def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monkeypatch):
     """Real training and Inception: each checkpoint sampled at both scales (own cache folders), both scored,
     the report with both sections, and a re-run served from the caches."""
-    from PIL import Image
 
     from vit5_sit.eval.inception import find_inception_weights
 
@@ -326,12 +326,7 @@ def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monk
             pytest.skip("no local Inception weights")
     except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
         pytest.skip("no local Inception weights")
-    rng = np.random.default_rng(0)
-    data = tmp_path / "data"
-    for c in range(2):
-        (data / f"c{c}").mkdir(parents=True)
-        for i in range(8):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(data / f"c{c}" / f"{i}.png")
+    data = image_folder(tmp_path / "data", per_class=8, prefix="c")
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
+from tinydata import image_folder
 
 from vit5_sit.config import load_config
 from vit5_sit.train.checkpoint import list_checkpoints
@@ -33,16 +33,9 @@ def _fresh_accelerate_state():
     PartialState._reset_state()
 
 
-def _image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 8, corrupt: bool = False) -> Path:
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        d = root / f"class{c}"
-        d.mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 255, (size + 2, size, 3), dtype=np.uint8)).save(d / f"{i}.png")
-    if corrupt:
-        (root / "class0" / "broken.png").write_bytes(b"\x89PNG not really")
-    return root
+def _image_folder(root: Path, size: int = 8, corrupt: bool = False) -> Path:
+    """Images 2 pixels taller than wide: training center-crops them."""
+    return image_folder(root, size=size, height=size + 2, corrupt=corrupt)
 
 
 def _small_classifier(channels: int = 3, size: int = 8):

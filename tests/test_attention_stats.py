@@ -97,7 +97,7 @@ def test_a_sink_and_a_high_norm_token_show_analytically():
     assert s.max_logit == pytest.approx(10 * math.sqrt(hd))
     assert s.top_patch_mass == pytest.approx(p0 * tokens, rel=1e-5)
     assert s.register_mass == pytest.approx(R * (1 - p0) / (tokens - 1), rel=1e-4, abs=1e-12)
-    expected_entropy = -(p0 * math.log(p0) + (tokens - 1) * (1 - p0) / (tokens - 1) * math.log((1 - p0) / (tokens - 1)))
+    expected_entropy = -(p0 * math.log(p0) + (1 - p0) * math.log((1 - p0) / (tokens - 1)))  # p0, and the rest even
     assert s.entropy == pytest.approx(expected_entropy, rel=1e-3, abs=1e-6)
     # the median of the 4 patch tokens' norms is the plain tokens' (torch takes the lower middle)
     assert s.norm_ratio == pytest.approx(10.0)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_robust_train import _images as _image_folder
 from test_robust_train import _overrides, _reset_accelerate, _train_cli
 from test_sample import _run, model_dir  # noqa: F401 (a fixture)
+from tinydata import image_folder
 
 from vit5_sit.common import checks, interrupt, utils
 
@@ -63,7 +63,7 @@ def test_sampling_onto_a_full_disk_keeps_the_parts_and_continues(small_disk, mod
 
 
 def test_a_checkpoint_onto_a_full_disk_is_one_line_and_leaves_no_partial_folder(small_disk, tmp_path, capsys):
-    data = _image_folder(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     _reset_accelerate()
     rc = _train_cli()([*_overrides(small_disk, data), "model.hidden_size=256", "log.tracker=none"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -193,7 +193,7 @@ def test_a_reference_that_would_not_fit_is_refused_before_any_inception_work(sma
         raise AssertionError("Inception loaded")
 
     monkeypatch.setattr(eval_fid, "_load_inception", no_inception)
-    data = _image_folder(tmp_path / "imgs", classes=2, per_class=10)
+    data = image_folder(tmp_path / "imgs", classes=2, per_class=10)
     out = small_disk / "ref.npz"  # 20 images: features and FID/sFID statistics (63 MiB), on a 64 KiB disk
     assert eval_fid.main(["ref", "--data", str(data), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -83,3 +83,7 @@ def test_the_generation_preset_config_is_the_study_arm_it_came_from():
     assert gen == load_config(ROOT / "configs/mnist/vit5-nols.yaml").model_config()
     assert gen.layer_scale_init is None
     assert load_config(ROOT / "configs/mnist/vit5.yaml").model_config().layer_scale_init == 1e-4
+    # SiTRoPE-T/4 (#28's preset) is the study's sit-rope arm: sit.yaml with model.rope=true, nothing else
+    sit_rope = load_config(ROOT / "configs/mnist/sit-rope.yaml")
+    assert sit_rope.model_config() == load_config(ROOT / "configs/mnist/sit.yaml", ["model.rope=true"]).model_config()
+    assert sit_rope.model_config().rope and sit_rope.model_config().norm == "layernorm"

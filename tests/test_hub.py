@@ -114,6 +114,13 @@ def test_model_card_names_preset_parameters_steps_dataset_sampler(model_dir):
         assert text in card, text
 
 
+@pytest.mark.parametrize("preset, family", [("SiT-T/4", "SiT (vanilla ViT) denoiser"), ("ViT5G-T/4", "ViT-5 denoiser"),
+                                            ("SiTRoPE-T/4", "SiT (vanilla ViT) with 2D RoPE denoiser")])
+def test_model_card_names_the_backbone_family_of_each_preset(preset, family):
+    card = hub.model_card(load_config(None, [f"model.preset={preset}"]), 1000)
+    assert f"A class-conditional {family}" in card and f"`{preset}`" in card
+
+
 def _run_with_metrics(tmp_path) -> Path:
     run = tmp_path / "run"
     run.mkdir()

@@ -513,7 +513,8 @@ def test_bad_config_values_name_the_value_and_the_choices():
 
 def test_presets():
     sizes = ("T", "S", "B", "L", "XL")
-    assert set(PRESETS) == {f"{f}-{s}/{p}" for f in ("SiT", "ViT5", "ViT5G") for s in sizes for p in (2, 4, 8)}
+    families = ("SiT", "ViT5", "ViT5G", "SiTRoPE")
+    assert set(PRESETS) == {f"{f}-{s}/{p}" for f in families for s in sizes for p in (2, 4, 8)}
     assert PRESETS["SiT-XL/2"] == ModelConfig()  # the defaults are the official SiT-XL/2
     vit5 = PRESETS["ViT5-XL/2"]
     assert (vit5.norm, vit5.qk_norm, vit5.qkv_bias, vit5.pos_embed, vit5.rope, vit5.num_registers,
@@ -527,6 +528,8 @@ def test_presets():
         for p in (2, 4, 8):
             assert PRESETS[f"ViT5G-{s}/{p}"] == dataclasses.replace(PRESETS[f"ViT5-{s}/{p}"], layer_scale_init=None)
             assert PRESETS[f"ViT5-{s}/{p}"].layer_scale_init == 1e-4  # the paper-faithful presets unchanged
+            # SiT + 2D RoPE (#28): the vanilla block with RoPE on the patches, nothing else of ViT-5
+            assert PRESETS[f"SiTRoPE-{s}/{p}"] == dataclasses.replace(PRESETS[f"SiT-{s}/{p}"], rope=True)
 
 
 # ----------------------------------------------------------------------------------------------------------

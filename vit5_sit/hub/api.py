@@ -168,8 +168,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
     ]
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
-    family = {"ViT5": "ViT-5", "ViT5G": "ViT-5", "SiT": "SiT (vanilla ViT)"}.get(cfg.model.preset.split("-")[0],
-                                                                                 "DiT-style")
+    family = {"ViT5": "ViT-5", "ViT5G": "ViT-5", "SiT": "SiT (vanilla ViT)",
+              "SiTRoPE": "SiT (vanilla ViT) with 2D RoPE"}.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
              f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
              f"Files: `{CONFIG_FILE}` (the resolved "

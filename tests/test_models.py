@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit5_sit.models import (
+    PRESET_FAMILIES,
     PRESETS,
     Denoiser,
     ModelConfig,
@@ -514,6 +515,7 @@ def test_bad_config_values_name_the_value_and_the_choices():
 def test_presets():
     sizes = ("T", "S", "B", "L", "XL")
     families = ("SiT", "ViT5", "ViT5G", "SiTRoPE")
+    assert set(PRESET_FAMILIES) == set(families)  # each family has its words (model cards)
     assert set(PRESETS) == {f"{f}-{s}/{p}" for f in families for s in sizes for p in (2, 4, 8)}
     assert PRESETS["SiT-XL/2"] == ModelConfig()  # the defaults are the official SiT-XL/2
     vit5 = PRESETS["ViT5-XL/2"]

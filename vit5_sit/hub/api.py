@@ -44,7 +44,7 @@ from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in
     resolve_model_path,
 )
 from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
-from vit5_sit.models import PRESETS, Denoiser
+from vit5_sit.models import PRESET_FAMILIES, PRESETS, Denoiser
 
 CARD_METRICS = ("fid", "sfid", "is", "precision", "recall", "kid", "digit_accuracy")  # the card's column order
 NOT_METRICS = ("step", "num_samples", "seed")  # numbers in a metrics row that describe it, not measure it
@@ -168,8 +168,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
     ]
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
-    family = {"ViT5": "ViT-5", "ViT5G": "ViT-5", "SiT": "SiT (vanilla ViT)",
-              "SiTRoPE": "SiT (vanilla ViT) with 2D RoPE"}.get(cfg.model.preset.split("-")[0], "DiT-style")
+    family = PRESET_FAMILIES.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
              f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
              f"Files: `{CONFIG_FILE}` (the resolved "

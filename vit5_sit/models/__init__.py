@@ -23,7 +23,7 @@ _EXPORTS = {
     "Denoiser": "denoiser", "DiT": "denoiser",
     "count_flops": "flops", "count_params": "flops",
     "infer_official_config": "official", "load_official_state_dict": "official", "read_state_dict": "official",
-    "PRESETS": "presets", "create_model": "presets", "model_config": "presets",
+    "PRESETS": "presets", "PRESET_FAMILIES": "presets", "create_model": "presets", "model_config": "presets",
 }
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
@@ -31,12 +31,13 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from vit5_sit.models.denoiser import Denoiser, DiT
     from vit5_sit.models.flops import count_flops, count_params
     from vit5_sit.models.official import infer_official_config, load_official_state_dict, read_state_dict
-    from vit5_sit.models.presets import PRESETS, create_model, model_config
+    from vit5_sit.models.presets import PRESET_FAMILIES, PRESETS, create_model, model_config
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = [
+    "PRESET_FAMILIES",
     "PRESETS",
     "Denoiser",
     "DiT",

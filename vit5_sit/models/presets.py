@@ -53,6 +53,10 @@ def SiTRoPE(size: str, patch_size: int) -> ModelConfig:
     return ModelConfig(patch_size=patch_size, **SIZES[size], **SIT_ROPE)
 
 
+PRESET_FAMILIES = {  # preset family (the name before "-") -> what it is, in words (model cards)
+    "SiT": "SiT (vanilla ViT)", "ViT5": "ViT-5", "ViT5G": "ViT-5", "SiTRoPE": "SiT (vanilla ViT) with 2D RoPE",
+}
+
 PRESETS: dict[str, ModelConfig] = {
     **{f"SiT-{s}/{p}": SiT(s, p) for s in SIZES for p in PATCH_SIZES},
     **{f"ViT5-{s}/{p}": ViT5(s, p) for s in SIZES for p in PATCH_SIZES},

@@ -87,3 +87,52 @@ def test_the_generation_preset_config_is_the_study_arm_it_came_from():
     sit_rope = load_config(ROOT / "configs/mnist/sit-rope.yaml")
     assert sit_rope.model_config() == load_config(ROOT / "configs/mnist/sit.yaml", ["model.rope=true"]).model_config()
     assert sit_rope.model_config().rope and sit_rope.model_config().norm == "layernorm"
+
+
+def test_base_file_is_read_first_and_merged_section_by_section(tmp_path):
+    """``base:`` (relative to the file) gives every key of another config; this file's keys win, a section is
+    merged key by key, and the overrides still come last."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base.yaml").write_text(
+        "name: base\nmodel:\n  preset: SiT-T/4\n  num_classes: 10\ntrain:\n  lr: 3.0e-4\n  max_steps: 50\n")
+    (tmp_path / "mid.yaml").write_text("base: recipes/base.yaml\nname: mid\ntrain:\n  lr: 1.0e-4\n")
+    (tmp_path / "top.yaml").write_text("base: mid.yaml\nmodel:\n  rope: true\n")
+    cfg = load_config(tmp_path / "top.yaml", ["train.max_steps=7"])
+    assert cfg.name == "mid" and cfg.train.lr == 1e-4 and cfg.train.max_steps == 7
+    assert cfg.model.preset == "SiT-T/4" and cfg.model_config().rope and cfg.model_config().num_classes == 10
+
+
+def test_the_shipped_configs_resolve_to_their_base_with_a_model():
+    """The configs of one folder share its recipe: each differs from it in name and model only (vit5-repa adds
+    REPA, vit5g-b2 is the shorter prepared run), so a change to the recipe is one edit."""
+    import dataclasses
+
+    for base, folder in (("sit.yaml", "mnist"), ("sit-xl2.yaml", "imagenet256")):
+        recipe = load_config(ROOT / "configs" / folder / base)
+        for path in sorted((ROOT / "configs" / folder).glob("*.yaml")):
+            cfg = load_config(path)
+            same = {"train": cfg.train if path.name != "vit5g-b2.yaml" else recipe.train,
+                    "repa": cfg.repa if path.name != "vit5-repa.yaml" else recipe.repa}
+            assert dataclasses.replace(cfg, name=recipe.name, model=recipe.model, **same) == recipe, path.name
+
+
+@pytest.mark.parametrize("text, message", [
+    ("base: 3\n", "base: expected the path of another config file"),
+    ("base: ''\n", "base: expected the path of another config file"),
+    ("base: missing.yaml\n", r"base file .*missing.yaml: not found; fix the base: key of .*c.yaml"),
+    ("base: c.yaml\n", r"makes a loop .*c.yaml -> .*c.yaml"),
+    ('base: "a\\0b.yaml"\n', "NUL"),
+    ("base: list.yaml\n", "expected a mapping of sections"),
+])
+def test_bad_base_is_one_error_naming_the_file(tmp_path, text, message):
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_a_base_loop_through_two_files_is_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"a.yaml -> .*b.yaml -> .*a.yaml"):
+        load_config(tmp_path / "a.yaml")

@@ -184,18 +184,54 @@ def read_yaml_file(path: str | Path, kind: str = "config file", fix: str = "give
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML config (or start from the defaults) and apply ``key=value`` overrides."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        raw = read_yaml_file(path, "config file", "give a YAML file (configs/...)")
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    raw: dict[str, Any] = {} if path is None else _read_config_file(Path(path), ())
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {shown(item, quote=True)}: expected key=value, e.g. train.lr=2e-4")
         _set_dotted(raw, key.strip(), value.strip())
     return from_dict(raw)
+
+
+MAX_BASE_DEPTH = 8  # how many `base:` files one config may stack
+
+
+def _read_config_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One config file as a mapping, with its ``base:`` file (a path relative to this file) read first and this
+    file's keys merged over it, section by section; bases may stack, up to MAX_BASE_DEPTH, and never loop."""
+    if chain:
+        raw = read_yaml_file(path, f"{chain[-1]}: base file", f"fix the base: key of {chain[-1]}")
+    else:
+        raw = read_yaml_file(path, "config file", "give a YAML file (configs/...)")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    if "base" not in raw:
+        return raw
+    base = raw.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base: expected the path of another config file (relative to this one, e.g. "
+                          f"base: sit.yaml), got {shown(base, quote=True)}")
+    base_path = path.parent / base
+    problem = path_problem(str(base_path))
+    if problem:
+        raise ConfigError(f"{path}: base: {shown(base, quote=True)}: {problem}")
+    if base_path.resolve() in [p.resolve() for p in (*chain, path)]:
+        loop = " -> ".join(str(p) for p in (*chain, path, base_path))
+        raise ConfigError(f"{path}: base: {base} makes a loop ({loop}); a config cannot include itself")
+    if len(chain) + 1 > MAX_BASE_DEPTH:
+        raise ConfigError(f"{path}: base: more than {MAX_BASE_DEPTH} config files stacked; flatten the chain")
+    return _merged(_read_config_file(base_path, (*chain, path)), raw)
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: a section present in both is merged key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def from_dict(raw: dict[str, Any]) -> ExperimentConfig:

@@ -142,8 +142,10 @@ PATH_MAX = 4096   # bytes in a whole path (Linux)
 
 
 def path_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a path on this system, or None: a name longer than NAME_MAX bytes or a path
-    longer than PATH_MAX, which the OS refuses ("File name too long") at the first look, as a traceback."""
+    """Why ``text`` cannot be a path on this system, or None: a NUL character, a name longer than NAME_MAX bytes
+    or a path longer than PATH_MAX, which the OS refuses ("File name too long") at the first look, as a traceback."""
+    if "\0" in text:  # the OS cannot take it at all (Python raises ValueError: embedded null byte)
+        return "contains a NUL character, which no path can; give a real path"
     encoded = os.fsencode(text)
     if len(encoded) > PATH_MAX:
         return f"{len(encoded):,} bytes long, more than the OS allows for a path ({PATH_MAX:,}); give a shorter path"

@@ -123,6 +123,7 @@ def test_the_shipped_configs_resolve_to_their_base_with_a_model():
     ("base: c.yaml\n", r"makes a loop .*c.yaml -> .*c.yaml"),
     ('base: "a\\0b.yaml"\n', "NUL"),
     ("base: list.yaml\n", "expected a mapping of sections"),
+    ("base: .\n", "is a folder"),
 ])
 def test_bad_base_is_one_error_naming_the_file(tmp_path, text, message):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
@@ -136,3 +137,8 @@ def test_a_base_loop_through_two_files_is_refused(tmp_path):
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ConfigError, match=r"a.yaml -> .*b.yaml -> .*a.yaml"):
         load_config(tmp_path / "a.yaml")
+
+
+def test_base_is_not_an_override():
+    with pytest.raises(ConfigError, match="base: is read from a config file"):
+        load_config(ROOT / "configs/mnist/sit.yaml", ["base=vit5.yaml"])

@@ -189,6 +189,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {shown(item, quote=True)}: expected key=value, e.g. train.lr=2e-4")
+        if key.strip() == "base":
+            raise ConfigError(f"override {shown(item, quote=True)}: base: is read from a config file, not the command "
+                              "line; give that file as --config (overrides apply on top of it)")
         _set_dotted(raw, key.strip(), value.strip())
     return from_dict(raw)
 

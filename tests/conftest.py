@@ -5,6 +5,8 @@ another busy process)."""
 
 import os
 
+import pytest
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
@@ -18,3 +20,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         pass
     else:
         threadpool_limits(1)
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """After the test, accelerate's process-wide state is reset, so the next in-process training starts as a fresh
+    process would (a module asks for it: ``pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")``)."""
+    from tinydata import reset_accelerate  # numpy: imported after the thread settings above
+
+    yield
+    reset_accelerate()

@@ -9,31 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tinydata import image_folder
+from tinydata import TINY_TRAIN as TINY
+from tinydata import image_folder, reset_accelerate
 
 from vit5_sit.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
-        "log.tracker=none", "log.sample_every=0", "data.num_workers=0", "train.ckpt_every=2"]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
-def _reset_accelerate():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def _overrides(out: Path, data: Path, name: str = "r", steps: int = 2) -> list[str]:
@@ -51,7 +33,7 @@ def _train_cli():
 
 def _fails(argv: list[str], capsys) -> str:
     """Run train.py's main in-process; it must exit 2 with one 'error: ...' line. Returns that line."""
-    _reset_accelerate()
+    reset_accelerate()
     rc = _train_cli()(argv)
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]
@@ -67,7 +49,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _run(argv: list[str], capsys) -> str:
-    _reset_accelerate()
+    reset_accelerate()
     assert _train_cli()(argv) == 0
     return capsys.readouterr().out
 

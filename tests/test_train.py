@@ -13,24 +13,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from tinydata import image_folder
+from tinydata import TINY_TRAIN as TINY
+from tinydata import image_folder, reset_accelerate
 
 from vit5_sit.config import load_config
 from vit5_sit.train.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
-        "log.tracker=none", "log.sample_every=0", "data.num_workers=0", "train.ckpt_every=2"]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def _image_folder(root: Path, size: int = 8, corrupt: bool = False) -> Path:
@@ -258,11 +248,7 @@ def test_truncated_newest_checkpoint_falls_back(tmp_path, capsys):
     newest = list_checkpoints(run)[-1].path
     f = newest / "ema.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    reset_accelerate()
     _train(_cli_overrides(tmp_path, "trunc", data) + ["train.max_steps=6"], resume="auto")
     out = capsys.readouterr().out
     assert "skipping checkpoint step_0000004" in out and "truncated" in out

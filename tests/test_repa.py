@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import _cli_overrides, _fresh_accelerate_state, _image_folder, _repa_overrides, _train  # noqa: F401
+from test_train import _cli_overrides, _image_folder, _repa_overrides, _train
 
 from vit5_sit.config import ConfigError, load_config
 from vit5_sit.models import create_model
@@ -17,6 +17,8 @@ from vit5_sit.repa.encoders import features_on_grid
 from vit5_sit.train.checkpoint import list_checkpoints
 from vit5_sit.train.objective import Batch, Objective, StepRng, Trainee
 from vit5_sit.transport import Transport
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # trainings run in this process
 
 
 def test_identical_features_give_minus_one_and_the_term_is_scale_free():

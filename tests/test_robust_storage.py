@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_robust_train import _overrides, _reset_accelerate, _train_cli
+from test_robust_train import _overrides, _train_cli
 from test_sample import _run, model_dir  # noqa: F401 (a fixture)
-from tinydata import image_folder
+from tinydata import image_folder, reset_accelerate
 
 from vit5_sit.common import checks, interrupt, utils
 
@@ -64,7 +64,7 @@ def test_sampling_onto_a_full_disk_keeps_the_parts_and_continues(small_disk, mod
 
 def test_a_checkpoint_onto_a_full_disk_is_one_line_and_leaves_no_partial_folder(small_disk, tmp_path, capsys):
     data = image_folder(tmp_path / "data")
-    _reset_accelerate()
+    reset_accelerate()
     rc = _train_cli()([*_overrides(small_disk, data), "model.hidden_size=256", "log.tracker=none"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert rc == 2 and len(err) == 1, err

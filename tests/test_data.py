@@ -204,6 +204,64 @@ def test_export_sklearn_digits(tmp_path):
         assert im.size == (16, 16) and np.asarray(im).max() > 128
 
 
+# One export of 400 synthetic 8x8 "digits" into argv[1], in a process of its own.
+_EXPORT_400 = (
+    "import sys, numpy as np; from PIL import Image; from vit5_sit.data.digits import _export; "
+    "imgs = (np.arange(400 * 64) % 251).astype(np.uint8).reshape(400, 8, 8); "
+    "_export(sys.argv[1], imgs, np.arange(400) % 10, np.arange(400), "
+    "dict(source='test', resolution=8, limit_per_class=None, count=400), Image.fromarray)"
+)
+
+
+def test_concurrent_first_uses_export_once_and_all_succeed(tmp_path):
+    """A study's parallel jobs (or a multi-GPU run's ranks) reach the first use at once: each must succeed.
+    Without the export lock, one process removed the others' temporary files as stale (a real failure:
+    "No such file or directory: 'data/mnist32/8/.04414.png....tmp'")."""
+    out = tmp_path / "digits"
+    procs = [subprocess.Popen([sys.executable, "-c", _EXPORT_400, str(out)], stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errors = [p.communicate()[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert len(list(out.rglob("*.png"))) == 400 and (out / ".export_complete.json").is_file()
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_an_export_waits_for_the_one_in_progress(tmp_path):
+    import threading
+
+    from vit5_sit.common.utils import exclusive_lock
+    from vit5_sit.data.digits import LOCK, _export
+
+    out = tmp_path / "digits"
+    out.mkdir()
+    imgs = np.zeros((20, 8, 8), np.uint8)
+    settings = dict(source="test", resolution=8, limit_per_class=None, count=20)
+    job = threading.Thread(target=_export, args=(out, imgs, np.arange(20) % 10, np.arange(20), settings,
+                                                 Image.fromarray))
+    with exclusive_lock(out / LOCK):  # another process's export in progress
+        job.start()
+        job.join(timeout=1.0)
+        assert job.is_alive() and not list(out.rglob("*.png"))  # it waits, writing nothing
+    job.join()
+    assert len(list(out.rglob("*.png"))) == 20 and (out / ".export_complete.json").is_file()
+
+
+def test_export_into_a_folder_with_other_images_is_refused_hidden_files_are_not_in_the_way(tmp_path):
+    from vit5_sit.data.digits import _export
+
+    imgs, settings = np.zeros((10, 8, 8), np.uint8), dict(source="test", resolution=8, limit_per_class=None,
+                                                         count=10)
+    out = tmp_path / "digits"
+    (out / "3").mkdir(parents=True)
+    (out / ".DS_Store").write_bytes(b"x")  # hidden: the dataset does not read it
+    (out / "3" / "extra.png").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"holds 1 files that are not part of this export .*extra\.png"):
+        _export(out, imgs, np.arange(10), np.arange(10), settings, Image.fromarray)
+    (out / "3" / "extra.png").unlink()
+    _export(out, imgs, np.arange(10), np.arange(10), settings, Image.fromarray)
+    assert len(list(out.rglob("*.png"))) == 10
+
+
 def test_build_dataset(tmp_path):
     ds = build_dataset("mnist", tmp_path / "mnist", resolution=32, limit_per_class=2, seed=0)
     x, y = ds[0]

@@ -105,6 +105,25 @@ def atomic_write_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created if missing, and left in place) for the block:
+    another process that asks for the same lock (a second study job, another accelerate rank, a second
+    command) waits until this one's block ends. The lock goes with its process if that is killed, so a
+    crash never leaves it held. POSIX ``flock``; where there is none (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: nothing to hold
+        yield
+        return
+    with open(path, "ab") as f:  # "a": never truncates, creates the file if it is missing
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """safetensors' ``save_file``, with its I/O failures (a full disk, a read-only folder) raised as the
     OSError they are (safetensors raises its own SafetensorError, which no ``except OSError`` sees)."""

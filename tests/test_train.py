@@ -178,6 +178,25 @@ def test_two_processes_match_one_process(tmp_path, repa):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
+@pytest.mark.slow
+def test_a_run_folder_in_use_stops_every_process_of_a_launch(tmp_path):
+    """The main process finds the run folder's lock held; the other rank must stop too, not wait in a collective."""
+    import socket
+
+    data = _image_folder(tmp_path / "data")
+    lock = tmp_path / "two.lock"
+    lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")  # held by a live process: this test's
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          str(ROOT / "train.py"), *_cli_overrides(tmp_path, "two", data)],
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert two.returncode != 0
+    errors = [line for line in two.stderr.splitlines() if line.startswith("error: run folder")]
+    assert len(errors) == 2 and "another run (process" in errors[0], two.stderr[-3000:]  # both ranks, a line each
+    assert str(ROOT / "vit5_sit") not in two.stderr  # no traceback of ours (the launcher prints its own)
+    assert not (tmp_path / "two").exists()
+
+
 def _launch_two(tmp_path: Path, name: str, data: Path, *overrides: str, resume: bool = False):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"),

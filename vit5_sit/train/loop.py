@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit5_sit.common.checks import OutputLock, UsageError
 from vit5_sit.common.interrupt import Interrupted, stop_requested
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.models import create_model
@@ -144,10 +145,44 @@ class StepResult:
 
 def train(cfg: ExperimentConfig, resume: str | None = None, log_fn=None) -> Path:
     """Train ``cfg`` to ``train.max_steps``; returns the run folder. ``resume``: None, 'auto' or a path."""
+    launch = _launch(cfg, log_fn)
+    preflight.check_grid(cfg)  # a file in the way, a read-only folder, a grid too large: said before the lock
+    preflight.check_run_folder(cfg, launch.log)
+    lock = _lock_run_folder(launch)
+    try:
+        return _train(launch, resume)
+    finally:
+        lock.release()
+
+
+def _lock_run_folder(launch: Launch) -> OutputLock:
+    """``<run folder>.lock``, taken by the main process before anything is read: a second training of the same
+    run folder (the same command started twice, two study runners) is refused, on every process of its launch,
+    instead of two trainings writing one folder's checkpoints. A lock left by a killed run is taken over."""
+    run_dir = launch.cfg.run_dir
+    lock, refused = OutputLock(run_dir, flag="run folder"), None
+    if launch.accelerator.is_main_process:
+        try:
+            lock.acquire()
+        except UsageError as e:
+            refused = f"{e}; a second run needs its own folder: set name=... (or output_dir=...)"
+    if launch.world > 1:  # every process of the launch stops, not only the main one
+        import torch.distributed
+
+        box = [refused]
+        torch.distributed.broadcast_object_list(box, src=0)
+        refused = box[0]
+    if refused:
+        lock.release()
+        raise TrainingError(refused)
+    return lock
+
+
+def _train(launch: Launch, resume: str | None) -> Path:
     from tqdm.auto import tqdm
 
+    cfg = launch.cfg
     tc, run_dir = cfg.train, cfg.run_dir
-    launch = _launch(cfg, log_fn)
     # Where to start (run folder, checkpoints and settings checked before any compute).
     start = preflight.start_checkpoint(cfg, resume, log=launch.log, main=launch.accelerator.is_main_process)
     state = _build(launch, start)

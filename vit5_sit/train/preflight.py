@@ -110,14 +110,13 @@ def check_run_folder(cfg: ExperimentConfig, log=print) -> None:
 
 
 def start_checkpoint(cfg: ExperimentConfig, resume: str | None, log=print, main: bool = True) -> Path | None:
-    """The checkpoint folder to resume from (None: a fresh start), after the run-folder checks.
+    """The checkpoint folder to resume from (None: a fresh start). The caller runs `check_grid` and
+    `check_run_folder` first, then takes the run folder's lock: only then are temp folders stale.
 
     ``resume``: None (a fresh run; refused if the run has checkpoints), 'auto' (the newest checkpoint that
     verifies) or a checkpoint folder. ``main``: this process removes stale temp folders (one per run).
     """
     run_dir = cfg.run_dir
-    check_grid(cfg)
-    check_run_folder(cfg, log)
     if main:
         clean_stale_temp_folders(run_dir, log)
     start = None

@@ -246,6 +246,21 @@ def test_an_export_waits_for_the_one_in_progress(tmp_path):
     assert len(list(out.rglob("*.png"))) == 20 and (out / ".export_complete.json").is_file()
 
 
+def test_a_filesystem_without_locks_still_exports(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from vit5_sit.data.digits import _export
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)  # some network mounts
+    settings = dict(source="test", resolution=8, limit_per_class=None, count=10)
+    _export(tmp_path / "d", np.zeros((10, 8, 8), np.uint8), np.arange(10), np.arange(10), settings, Image.fromarray)
+    assert len(list((tmp_path / "d").rglob("*.png"))) == 10
+
+
 def test_export_into_a_folder_with_other_images_is_refused_hidden_files_are_not_in_the_way(tmp_path):
     from vit5_sit.data.digits import _export
 

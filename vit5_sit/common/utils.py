@@ -110,14 +110,19 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (created if missing, and left in place) for the block:
     another process that asks for the same lock (a second study job, another accelerate rank, a second
     command) waits until this one's block ends. The lock goes with its process if that is killed, so a
-    crash never leaves it held. POSIX ``flock``; where there is none (Windows) the block runs unlocked."""
+    crash never leaves it held. POSIX ``flock``; where there is none (Windows, a filesystem without locks)
+    the block runs unlocked."""
     try:
         import fcntl
     except ImportError:  # no flock here: nothing to hold
         yield
         return
     with open(path, "ab") as f:  # "a": never truncates, creates the file if it is missing
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks (ENOLCK, EOPNOTSUPP on some network mounts): unlocked
+            yield
+            return
         try:
             yield
         finally:

@@ -351,11 +351,20 @@ def _lr(tc, step: int) -> float:
 
 
 def _describe_processes(accelerator) -> str:
-    """'1 process (CPU)', '8 processes (MULTI_GPU, cuda)': accelerate's label 'NO' means no distribution."""
+    """'1 process (CPU, 2 threads)', '8 processes (MULTI_GPU, cuda)': accelerate's label 'NO' means no distribution.
+
+    On CPU the thread count is named because it is part of what makes a run reproducible: the same seed gives the
+    same weights bit for bit at the same thread count, and differs in the last float bit at another (the order of
+    the reductions changes), a difference that training then grows (docs/training.md, "Reproducibility").
+    """
     n = accelerator.num_processes
     kind = accelerator.distributed_type.value
-    device = accelerator.device.type.upper() if accelerator.device.type == "cpu" else accelerator.device.type
+    on_cpu = accelerator.device.type == "cpu"
+    device = "CPU" if on_cpu else accelerator.device.type
     where = device if kind == "NO" else f"{kind}, {device}"
+    if on_cpu:
+        threads = torch.get_num_threads()
+        where += f", {threads} thread{'s' if threads > 1 else ''}{' each' if n > 1 else ''}"
     return f"{n} process{'es' if n > 1 else ''} ({where})"
 
 

@@ -355,7 +355,7 @@ def _describe_processes(accelerator) -> str:
 
     On CPU the thread count is named because it is part of what makes a run reproducible: the same seed gives the
     same weights bit for bit at the same thread count, and differs in the last float bit at another (the order of
-    the reductions changes), a difference that training then grows (docs/training.md, "Reproducibility").
+    the reductions changes), a difference that training then grows (docs/training.md, "Reproducible from the seed").
     """
     n = accelerator.num_processes
     kind = accelerator.distributed_type.value

@@ -20,13 +20,15 @@ from typing import Any
 import yaml
 
 from vit5_sit.common.checks import integer_problem, path_problem, shown
+from vit5_sit.common.contract import GUIDANCE, SEED, STEPS, TOL, Range, above, at_least
 from vit5_sit.common.utils import check_choice
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
-from vit5_sit.transport import GuidanceError, SamplerConfig, TransportConfig, check_guidance
+from vit5_sit.transport import GuidanceError, MeanFlowConfig, SamplerConfig, TransportConfig, check_guidance
 
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
+OBJECTIVES = ("flow", "meanflow")
 
 
 class ConfigError(ValueError):
@@ -81,9 +83,12 @@ class TrainConfig:
     ckpt_every: int = 50_000               # steps between checkpoints
     keep_last: int = 3                     # checkpoints kept (oldest deleted); 0 = keep all
     max_nonfinite: int = 5                 # consecutive non-finite losses that stop the run
+    objective: str = "flow"                # 'flow' (flow matching, SiT) | 'meanflow' (MeanFlow: average
+                                           # velocities for 1-step sampling; settings in the meanflow section)
 
     def __post_init__(self) -> None:
         check_choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"), error=ConfigError)
+        check_choice("train.objective", self.objective, OBJECTIVES, error=ConfigError)
 
 
 @dataclass
@@ -137,6 +142,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     repa: RepaConfig = field(default_factory=RepaConfig)
+    meanflow: MeanFlowConfig = field(default_factory=MeanFlowConfig)  # used with train.objective=meanflow
 
     @property
     def run_dir(self) -> Path:
@@ -151,6 +157,8 @@ class ExperimentConfig:
         }
         if self.data.kind in EXPORTERS:
             derived["num_classes"] = DIGIT_CLASSES
+        if self.train.objective == "meanflow":
+            derived["mean_flow"] = True  # the interval input: one switch, train.objective, for every preset
         return model_config(self.model.preset, **{**derived, **self.model.overrides})
 
 
@@ -439,54 +447,18 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
 
 # ----------------------------------------------------------------------------------------------------------
 # Ranges: every numeric setting has one, checked when the config is read (finite, sign, bounds; integer-ness
-# comes from the field's type). A test checks that no numeric field of any section is missing here.
-
-@dataclass(frozen=True)
-class Range:
-    lo: float | None = None    # None: unbounded below
-    hi: float | None = None    # None: unbounded above
-    lo_open: bool = False      # lo itself excluded
-    hi_open: bool = False      # hi itself excluded
-    why: str = ""              # what the bound protects, shown in the error
-
-    def check(self, key: str, value: Any) -> None:
-        if value is None or isinstance(value, bool):
-            return
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={shown(value)}: must be a finite number")
-        low_bad = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
-        high_bad = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
-        if low_bad or high_bad:
-            why = f" ({self.why})" if self.why else ""
-            what = "a positive integer" if isinstance(value, int) and (self.lo, self.hi) == (1, None) else \
-                self.describe()
-            raise ConfigError(f"{key}={shown(value)}: must be {what}{why}")
-
-    def describe(self) -> str:
-        lo, hi = _number(self.lo), _number(self.hi)
-        if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {lo}"
-        if self.hi is not None:
-            return f"{'<' if self.hi_open else '<='} {hi}"
-        return "a finite number"
-
-
-def _number(x: float | None) -> str:
-    """A bound as written: integers whole (4294967295, not 4.29497e+09), other numbers short."""
-    return str(x) if isinstance(x, int) else f"{x:g}" if x is not None else ""
-
+# comes from the field's type). A test checks that no numeric field of any section is missing here. `Range` and
+# the bounds shared with the CLIs' flags (steps, tolerances, guidance, seeds) are vit5_sit.common.contract's.
 
 def _at_least(lo: float, why: str = "") -> Range:
-    return Range(lo=lo, why=why)
+    return at_least(lo, why)
 
 
 def _above(lo: float, why: str = "") -> Range:
-    return Range(lo=lo, lo_open=True, why=why)
+    return above(lo, why)
 
 
-_SEED = Range(0, 2**32 - 1, why="seeds are non-negative 32-bit integers")
+_SEED = SEED
 _UNIT = Range(0.0, 1.0, hi_open=True)
 
 RANGES: dict[str, Range] = {
@@ -513,15 +485,15 @@ RANGES: dict[str, Range] = {
     "log.sample_classes": _at_least(0, "class ids"),
     "log.sample_per_class": _at_least(1, "grid columns"),
     "log.sample_seed": _SEED,
-    "log.sample_cfg_scale": _at_least(0, "1 = no guidance, 0 = unconditional"),
+    "log.sample_cfg_scale": GUIDANCE,
     "transport.logit_normal_mean": Range(),
     "transport.logit_normal_std": _above(0),
     "transport.train_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),
     "transport.sample_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),
-    "sampler.steps": _at_least(1),
-    "sampler.atol": _above(0),
+    "sampler.steps": STEPS,
+    "sampler.atol": TOL,
     "sampler.shift": _above(0, "SD3's time shift of grid=shift; 1 = the uniform grid"),
-    "sampler.rtol": _above(0),
+    "sampler.rtol": TOL,
     "sampler.diffusion_norm": _at_least(0),
     "sampler.last_step_size": Range(0.0, 1.0, lo_open=True, hi_open=True),
     "model.input_size": _at_least(1),
@@ -542,13 +514,21 @@ RANGES: dict[str, Range] = {
     "repa.depth": _at_least(1, "1-based block number"),
     "repa.encoder_resolution": _at_least(0, "0 = the encoder's own"),
     "repa.projector_dim": _at_least(1),
+    "meanflow.ratio": Range(0.0, 1.0, why="share of the batch with an interval d > 0; the paper uses 0.25"),
+    "meanflow.time_mean": Range(-10.0, 10.0),
+    "meanflow.time_std": Range(0.0, 10.0, lo_open=True),
+    "meanflow.adaptive_p": Range(0.0, 4.0, why="the paper uses 1; 0 = plain L2"),
+    "meanflow.adaptive_c": _above(0),
+    "meanflow.guidance_scale": Range(0.0, 100.0, why="guidance trained in; 1 = none"),
+    "meanflow.guidance_mix": Range(0.0, 1.0, hi_open=True, why="the paper's kappa"),
+    "meanflow.guidance_interval": Range(0.0, 1.0, why="t: 0 = noise, 1 = data"),
 }
 
 
 def _check_range(key: str, value: Any) -> None:
     for v in value if isinstance(value, list | tuple) else [value]:
         if key in RANGES:
-            RANGES[key].check(key, v)
+            RANGES[key].check(key, v, ConfigError)
         if isinstance(v, int) and not isinstance(v, bool) and (problem := integer_problem(v)):
             raise ConfigError(f"{key}={shown(v)}: {problem}")
 
@@ -560,6 +540,7 @@ def _check_consistency(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"train.global_batch_size={tc.global_batch_size} is not divisible by "
                           f"train.grad_accum={tc.grad_accum}; choose a multiple of it")
     mcfg = cfg.model_config()
+    _check_meanflow(cfg, mcfg)
     if mcfg.layer_scale_init == 0 and mcfg.gate_init == 0:
         raise ConfigError("model.layer_scale_init=0 with model.gate_init=0: each branch is a product of two zeros "
                           "and neither factor ever gets a gradient; use model.layer_scale_init=none (off) or a "
@@ -580,6 +561,28 @@ def _check_consistency(cfg: ExperimentConfig) -> None:
     if name.is_absolute() or any(part in ("..", ".") for part in Path(cfg.name).parts) or cfg.name in (".", ".."):
         raise ConfigError(f"name={shown(cfg.name, quote=True)}: must be a folder name under output_dir (no '..', "
                           "'.' or absolute path); put the location in output_dir=...")
+
+
+def _check_meanflow(cfg: ExperimentConfig, mcfg: ModelConfig) -> None:
+    """train.objective=meanflow and everything it needs; a MeanFlow model and its sampler go together."""
+    meanflow = cfg.train.objective == "meanflow"
+    if mcfg.mean_flow != meanflow:
+        raise ConfigError(f"model.mean_flow={mcfg.mean_flow} with train.objective={cfg.train.objective}: the interval "
+                          "input follows from the objective; drop model.mean_flow and set train.objective")
+    if (cfg.sampler.mode == "meanflow") != meanflow:
+        fix = ("sampler.mode=meanflow (sampler.method=euler, sampler.steps=1)" if meanflow
+               else "an ode or sde sampler, or train.objective=meanflow")
+        raise ConfigError(f"sampler.mode={cfg.sampler.mode} with train.objective={cfg.train.objective}: a MeanFlow "
+                          f"model samples with its own steps and a flow model with an ODE/SDE; use {fix}")
+    if not meanflow:
+        return
+    tc = cfg.transport
+    if tc.path != "linear" or tc.prediction != "velocity":
+        raise ConfigError(f"train.objective=meanflow needs transport.path=linear and transport.prediction=velocity "
+                          f"(the MeanFlow identity is written for them), got {tc.path} / {tc.prediction}")
+    if cfg.meanflow.guided and mcfg.class_dropout_prob == 0:
+        raise ConfigError(f"meanflow.guidance_scale={cfg.meanflow.guidance_scale:g} trains guidance in, which needs "
+                          "the null label: set model.class_dropout_prob > 0 (SiT: 0.1) or meanflow.guidance_scale=1")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -59,6 +59,7 @@ from vit5_sit.common.checks import (
     positive_int,
     room_for,
 )
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 from vit5_sit.common.utils import atomic_write_text
 
@@ -204,8 +205,7 @@ def _non_default_sampler_fields(sampler) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: a typo such as --sample must be an error, not a silent prefix match.
-    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, command="eval_fid", formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("ref", help="compute reference features and statistics once", allow_abbrev=False)

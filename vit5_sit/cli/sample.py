@@ -49,6 +49,7 @@ from vit5_sit.common.checks import (
     storage_failure,
 )
 from vit5_sit.common.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import quiet_when_piped
 
 OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
@@ -59,8 +60,7 @@ MAX_IMAGE_SIZE = 9_459       # pixels a side: isqrt(generate.MAX_GRID_PIXELS), t
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a typo such as --class must be an error, not a silent prefix match.
-    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, command="sample", formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = p.add_argument
     arg("--ckpt", metavar="PATH", type=path_text, default=None,
         help="run folder (newest valid checkpoint), checkpoint folder, model folder, official SiT .pt "

@@ -20,6 +20,7 @@ import os
 import sys
 
 from vit5_sit.common.checks import path_problem, path_text, storage_failure
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import quiet_when_piped
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, command="train", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=path_text,
                         help="YAML experiment config (configs/...); defaults apply without one")
     parser.add_argument("--resume", help="'auto' (newest valid checkpoint of the run, if any) or a checkpoint folder")

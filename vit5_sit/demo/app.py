@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vit5_sit.common.checks import path_text, positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
@@ -322,8 +323,8 @@ def _allow(text: str) -> list[str] | None:
 
 @stops_cleanly("interrupted: the page is stopped; nothing was written")  # while starting (the model, Gradio)
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = Parser(prog="python -m vit5_sit.app", command="app", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=path_text, default=DEMO,
                    help="'demo' (default), a run / checkpoint / model folder or a Hub repo id OWNER/NAME[@REVISION]")
     p.add_argument("--host", default=DEFAULT_HOST,

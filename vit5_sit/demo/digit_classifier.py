@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit5_sit.common.checks import nonnegative_int, path_text
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def per_class_correct(predicted: np.ndarray, labels: np.ndarray, num_classes: in
 @stops_cleanly("interrupted: nothing half-written is left (the classifier's files are written when its "
                "training ends); run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.demo.digit_classifier", description=__doc__,
+    p = Parser(prog="python -m vit5_sit.demo.digit_classifier", command="digit_classifier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train the classifier on the real digits")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit5_sit.common.checks import ModelLoadError, UsageError, finite_float, output_folder, path_text, positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def draw_samples(folder: str | Path, progress: bool = False) -> Path:
 @stops_cleanly("interrupted: each file in the model folder is whole, but the folder may mix this export with "
                "an earlier one; run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.demo", description=__doc__,
+    p = Parser(prog="python -m vit5_sit.demo", command="demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="export a run's EMA weights as a model folder")

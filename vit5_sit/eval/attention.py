@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from vit5_sit.common.checks import nonnegative_int, output_file, parse_device, positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 DEFAULT_TIMES = (0.1, 0.5, 0.9)  # near noise, half-way, near data (t = 1 is data, SiT's convention)
@@ -198,7 +199,8 @@ def _measure_one(name: str, args) -> dict[float, list[BlockAttention]]:
 
 @stops_cleanly("interrupted: nothing was written; run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vit5_sit.eval.attention", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m vit5_sit.eval.attention", command="attention",
+                    description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", metavar="MODEL",
                         help="run folders (their newest valid checkpoint), checkpoint folders or model folders "
                              "(config.yaml beside the weights); several are measured one after another")

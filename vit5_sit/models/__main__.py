@@ -6,16 +6,16 @@ Parameters (frozen sin-cos pos_embed included, as in the official counts) and fo
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from vit5_sit.common.checks import positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 
 @stops_cleanly("interrupted: nothing was written; run the same command again")  # (quiet when piped too)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vit5_sit.models", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m vit5_sit.models", command="models", description=__doc__.splitlines()[0])
     parser.add_argument("--input-size", type=positive_int, default=None,
                         help="input height = width for the GFLOPs (default: each preset's); presets whose patch "
                              "size does not divide it show '-'")

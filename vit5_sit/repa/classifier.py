@@ -19,6 +19,7 @@ import importlib
 import sys
 
 from vit5_sit.common.checks import UsageError, nonnegative_int, output_file, path_text, positive_float, positive_int
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import stops_cleanly
 from vit5_sit.repa.classifier_recipe import (  # noqa: E402 - the recipe: no torch
     DEFAULT_OVERRIDES,
@@ -40,7 +41,7 @@ def __getattr__(name: str):
 @stops_cleanly("interrupted: the encoder file was not written (it is written whole when the training ends); "
                "run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.repa.classifier", description=__doc__,
+    p = Parser(prog="python -m vit5_sit.repa.classifier", command="repa_classifier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=path_text, default="data/mnist32", help="MNIST export folder (written on first use)")
     p.add_argument("--kind", default="mnist", choices=("mnist", "images"), help="'images': class folders")

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from vit5_sit.common.checks import UsageError, parse_device, path_text, positive_int, storage_failure, writable_folder
+from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
 
 from .spec import StudyError, load_study
@@ -39,7 +40,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit5_sit.study", description=__doc__,
+    p = Parser(prog="python -m vit5_sit.study", command="study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("run", "train", "eval", "report", "status"))
     p.add_argument("spec", type=path_text, help="study YAML file, e.g. configs/study/mnist.yaml")

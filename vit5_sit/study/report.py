@@ -13,10 +13,15 @@ digit accuracy) is simply absent from the earlier rows, and the tables say "not 
 
 Every table, the component table, the sampling noise and the decision are given per guidance scale
 (``eval.cfg_scales``: unguided and guided are decided separately).
+
+Beside the sds, FID gets 95% intervals over training seeds (`vit5_sit.study.intervals`): a percentile bootstrap
+(fixed seed, so the report is reproducible) and the t-interval, for each arm's mean, for each component's paired
+change, and for the decision's comparisons, with the bootstrap probability of the ordering in plain words.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -25,6 +30,7 @@ import numpy as np
 
 from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 
+from . import intervals as iv
 from .spec import StudyError, StudySpec
 
 _KEY = ("arm", "seed", "step", "sample_seed", "cfg_scale")  # one evaluation
@@ -88,6 +94,14 @@ def aggregate(spec: StudySpec, rows: list[dict], metric: str = "fid", cfg_scale:
     return out
 
 
+def mean_intervals(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) -> list[dict]:
+    """Per (arm, step) at one guidance scale: the mean FID over training seeds with its 95% percentile bootstrap
+    and t-intervals (None below 2 seeds), and how many distinct resamples the bootstrap has."""
+    return [{"arm": a["arm"], "step": a["step"], "cfg_scale": a["cfg_scale"], "n": a["n"], "mean": a["mean"],
+             "bootstrap": iv.bootstrap_interval(a["values"]), "t": iv.t_interval(a["values"]),
+             "distinct": iv.distinct_resamples(a["n"])} for a in aggregate(spec, rows, "fid", cfg_scale)]
+
+
 def sampling_noise(spec: StudySpec, rows: list[dict], metric: str = "fid",
                    cfg_scale: float | None = None) -> list[dict]:
     """Per (arm, step) at one guidance scale: the same checkpoints scored with two sets of sample seeds; the
@@ -125,10 +139,11 @@ def component_deltas(spec: StudySpec, rows: list[dict], metric: str = "fid",
                      cfg_scale: float | None = None) -> list[dict]:
     """Per (arm with overrides, step): the change against its base arm (`base_arm`), paired by training seed:
     d_s = metric(arm, seed s) - metric(base, seed s) over the seeds both have scored (main sample seed), with
-    the mean and sample sd of the d_s. An ablation with fewer seeds than its base is so compared on its own seeds,
-    not against the base's mean over others; and where the seed fixes the data order and noise draws of both runs,
-    pairing also takes out the part of the seed-to-seed spread the two share. Seeds the base lacks are named.
-    At one guidance scale (default: the first)."""
+    the mean and sample sd of the d_s, their 95% bootstrap and t-intervals and ``p_lower``, the share of
+    bootstrap resamples in which the arm's FID is the lower (ties half). An ablation with fewer seeds than its
+    base is so compared on its own seeds, not against the base's mean over others; and where the seed fixes the
+    data order and noise draws of both runs, pairing also takes out the part of the seed-to-seed spread the two
+    share. Seeds the base lacks are named. At one guidance scale (default: the first)."""
     scored = _main_rows(spec, rows, _scale(spec, cfg_scale))
 
     def scores(name: str, step: int) -> dict[int, float]:
@@ -145,9 +160,14 @@ def component_deltas(spec: StudySpec, rows: list[dict], metric: str = "fid",
             shared = [s for s in arm.seeds if s in mine and s in theirs]
             diffs = [(s, mine[s] - theirs[s]) for s in shared]
             entry = {"arm": arm.name, "base": base, "step": step, "diffs": diffs, "mean": None, "sd": None,
-                     "unpaired": [s for s in arm.seeds if s in mine and s not in theirs]}
+                     "unpaired": [s for s in arm.seeds if s in mine and s not in theirs],
+                     "bootstrap": None, "t": None, "p_lower": None}
             if diffs:
                 entry["mean"], entry["sd"] = mean_sd([d for _, d in diffs])
+            if len(diffs) > 1:  # one seed: nothing to resample
+                paired = iv.compare({s: mine[s] for s in shared}, {s: theirs[s] for s in shared})
+                entry.update(bootstrap=paired.interval, t=iv.t_interval([d for _, d in diffs]),
+                             p_lower=paired.p_ahead)
             out.append(entry)
     return out
 
@@ -162,6 +182,82 @@ def _delta_cell(entry: dict) -> str:
     if entry["unpaired"]:
         text += f"; base lacks {', '.join(f's{s}' for s in entry['unpaired'])}"
     return text
+
+
+def _span(interval: tuple[float, float] | None, sign: str = "") -> str:
+    return f"[{interval[0]:{sign}.1f}, {interval[1]:{sign}.1f}]"
+
+
+def _seeds_note(n: int) -> str:
+    """'(3 seeds†)': the dagger where a bootstrap over n seeds has too few resamples to be read as 95%."""
+    return f"({n} seed{'s' * (n > 1)}{'†' * iv.few_seeds(n)})"
+
+
+def _few_seeds_text() -> str:
+    return (f"† fewer than {iv.FEW_SEEDS} training seeds: a bootstrap of n seeds has only C(2n-1, n) distinct "
+            f"resamples ({iv.distinct_resamples(2)} for 2 seeds, {iv.distinct_resamples(3)} for 3, "
+            f"{iv.distinct_resamples(4)} for 4; {iv.distinct_resamples(5)} for 5), its interval never reaches beyond "
+            "the seeds' own range and covers less than 95%: read the t-interval there, which is wider (t has n - 1 "
+            f"degrees of freedom: {iv.t_quantile(2):.2f} x sd / sqrt(3) either side of the mean of 3 seeds).")
+
+
+def _interval_settings_text() -> str:
+    return (f"95% intervals over training seeds: the percentile bootstrap ({iv.RESAMPLES:,} resamples of the "
+            f"training seeds with replacement, RNG seed {iv.SEED}, so the report is reproducible) and the t-interval "
+            "(mean ± t(n-1) sd / sqrt(n)). Both are over training seeds: each seed's score carries its own sampling "
+            "noise too, small beside the seed spread (the sampling-noise table).")
+
+
+def _mean_interval_lines(spec: StudySpec, rows: list[dict], scale: float) -> list[str]:
+    cells = {(m["arm"], m["step"]): m for m in mean_intervals(spec, rows, scale)}
+    if not any(m["n"] > 1 for m in cells.values()):
+        return []
+    lines = [f"### FID with 95% intervals, {guidance_label(scale)}", "",
+             "Each cell: the mean FID, its bootstrap interval, then its t-interval. " + _interval_settings_text(),
+             "", "| arm | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |", "|---|" + "---:|" * len(spec.steps)]
+    for arm in spec.arms:
+        row = []
+        for step in spec.steps:
+            m = cells[arm.name, step]
+            if m["n"] == 0:
+                row.append("pending")
+            elif m["n"] == 1:
+                row.append(f"{m['mean']:.1f} (1 seed: no interval)")
+            else:
+                row.append(f"{m['mean']:.1f} {_span(m['bootstrap'])} t {_span(m['t'])} {_seeds_note(m['n'])}")
+        lines.append(f"| {arm.label or arm.name} | " + " | ".join(row) + " |")
+    if any(1 < m["n"] and iv.few_seeds(m["n"]) for m in cells.values()):
+        lines += ["", _few_seeds_text()]
+    return lines + [""]
+
+
+def _delta_interval_cell(entry: dict) -> str:
+    n = len(entry["diffs"])
+    if n == 0:
+        return "pending"
+    if n == 1:
+        return f"{entry['mean']:+.1f} (1 seed: no interval)"
+    return (f"{entry['mean']:+.1f} {_span(entry['bootstrap'], '+')} t {_span(entry['t'], '+')}; lower in "
+            f"{iv.percent(entry['p_lower'])} {_seeds_note(n)}")
+
+
+def _component_interval_lines(spec: StudySpec, deltas: list[dict], scale: float) -> list[str]:
+    if not any(len(d["diffs"]) > 1 for d in deltas):
+        return []
+    lines = [f"### Components, {guidance_label(scale)}: 95% intervals of the paired change", "",
+             "Each cell: the mean paired change FID(arm, seed) - FID(base, seed), its bootstrap interval, its "
+             "t-interval, and the share of bootstrap resamples (the seeds resampled as pairs) in which the arm's mean "
+             "FID is the lower, a tie counted half. " + _interval_settings_text(), "",
+             "| arm | base | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
+             "|---|---|" + "---:|" * len(spec.steps)]
+    labels = {a.name: a for a in spec.arms}
+    for name in dict.fromkeys(d["arm"] for d in deltas):
+        mine = [d for d in deltas if d["arm"] == name]
+        lines.append(f"| {labels[name].label or name} | `{mine[0]['base']}` | "
+                     + " | ".join(_delta_interval_cell(d) for d in mine) + " |")
+    if any(1 < len(d["diffs"]) and iv.few_seeds(len(d["diffs"])) for d in deltas):
+        lines += ["", _few_seeds_text()]
+    return lines + [""]
 
 
 def _component_lines(spec: StudySpec, rows: list[dict], scale: float) -> list[str]:
@@ -180,7 +276,7 @@ def _component_lines(spec: StudySpec, rows: list[dict], scale: float) -> list[st
         base = next(d["base"] for d in deltas if d["arm"] == name)
         lines.append(f"| {arm.label or arm.name} | {' '.join(f'`{o}`' for o in arm.overrides)} | `{base}` | "
                      + " | ".join(cells) + " |")
-    return lines + [""]
+    return lines + [""] + _component_interval_lines(spec, deltas, scale)
 
 
 def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) -> dict | None:
@@ -192,10 +288,14 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
     (lowest mean) replaces the reference only if its lead exceeds sqrt(sd_best^2 + sd_reference^2).
     Returns {"cfg_scale", "step", "ranking": [(arm, mean, sd, n)], "winner", "resolved", "lead", "margin",
     "excluded": [arm], "baseline": (arm, mean, sd, n) | None, "last_step", "needs": [(arm, n)],
-    "too_few_planned": [(arm, seeds planned)]}; "step" is None when no step qualifies yet. "needs": the candidates
+    "too_few_planned": [(arm, seeds planned)], "intervals": {arm: (bootstrap, t)}, "comparisons": [dict]}; "step"
+    is None when no step qualifies yet. "needs": the candidates
     with fewer than ``min_seeds`` seeds at the study's last step (with the seeds they have): while it is not
     empty, the verdict is not the final one. "too_few_planned": candidates whose arm lists fewer training seeds
-    than ``min_seeds``: never compared until the study file gives them more.
+    than ``min_seeds``: never compared until the study file gives them more. "intervals": each ranked
+    arm's 95% bootstrap and t-intervals of its mean. "comparisons": every other ranked arm against the reference,
+    and against the baseline, by `comparison` (the bootstrap probability of the ordering among them); the rule
+    itself does not use them.
     """
     rule = spec.decision
     if rule is None:
@@ -212,7 +312,8 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
            "baseline": None, "last_step": last,
            "needs": [(c, agg[c, last]["n"]) for c in rule.candidates
                      if (c, last) not in enough and planned[c] >= rule.min_seeds],
-           "too_few_planned": [(c, planned[c]) for c in rule.candidates if planned[c] < rule.min_seeds]}
+           "too_few_planned": [(c, planned[c]) for c in rule.candidates if planned[c] < rule.min_seeds],
+           "intervals": {}, "comparisons": []}
     if not steps:
         out["excluded"] = list(rule.candidates)
         return out
@@ -231,7 +332,25 @@ def decide(spec: StudySpec, rows: list[dict], cfg_scale: float | None = None) ->
                excluded=[c for c in rule.candidates if (c, step) not in enough])
     if rule.baseline and (rule.baseline, step) in enough:
         out["baseline"] = summary(rule.baseline)
+    against = [rule.reference] + ([rule.baseline] if out["baseline"] else [])
+    scores = {arm: dict(zip(agg[arm, step]["seeds"], agg[arm, step]["values"]))
+              for arm in dict.fromkeys([*(r[0] for r in ranking), *against])}
+    out["intervals"] = {arm: (iv.bootstrap_interval(list(v.values())), iv.t_interval(list(v.values())))
+                        for arm, v in scores.items()}
+    out["comparisons"] = [comparison(arm, other, scores[arm], scores[other]) for other in against
+                          for arm, *_ in ranking if arm not in (other, rule.reference)]
     return out
+
+
+def comparison(arm: str, other: str, a: dict[int, float], b: dict[int, float]) -> dict:
+    """``arm`` against ``other`` from their FID by training seed: the difference of means with its bootstrap
+    interval and the probability that ``arm`` is ahead (`intervals.compare`: paired where the seeds are shared),
+    and the paired difference on the shared seeds with its t-interval."""
+    c = iv.compare(a, b)
+    d = [a[s] - b[s] for s in c.shared]
+    return {"arm": arm, "against": other, "n": len(a), "n_against": len(b), **dataclasses.asdict(c),
+            "paired_mean": float(np.mean(d)) if d else None, "paired_sd": mean_sd(d)[1] if d else None,
+            "paired_t": iv.t_interval(d)}
 
 
 def _needs_text(d: dict) -> str:
@@ -258,7 +377,71 @@ def verdict(spec: StudySpec, d: dict) -> str:
                 f"training-seed sd {d['margin']:.1f}")
     if d["needs"]:
         text += f"; provisional, {_needs_text(d)}"
-    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}.{_planned_text(d)}"
+    head = _headline(d)
+    ordering = f" {ordering_text(spec, head)}." if head else ""
+    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}.{ordering}{_planned_text(d)}"
+
+
+def _arm_words(spec: StudySpec, name: str) -> str:
+    """'SiT + 2D RoPE (`sit-rope`)'; a label's own parenthesis is left out: 'ViT5G (`vit5-nols`)'."""
+    label = next((a.label for a in spec.arms if a.name == name), "").split(" (")[0]
+    return f"{label} (`{name}`)" if label and label != name else f"`{name}`"
+
+
+def _headline(d: dict) -> dict | None:
+    """The comparison the verdict rests on: the best candidate against the reference, or, where the reference is
+    the best, the runner-up against it."""
+    if len(d["ranking"]) < 2:
+        return None
+    best = d["ranking"][0][0] if d["ranking"][0][0] != d["reference"] else d["ranking"][1][0]
+    return next((c for c in d["comparisons"] if c["arm"] == best and c["against"] == d["reference"]), None)
+
+
+def _flip(span: tuple[float, float] | list | None) -> tuple[float, float] | None:
+    return None if span is None else (-span[1], -span[0])
+
+
+def _mirror(c: dict) -> dict:
+    """A `comparison` seen from the other arm."""
+    return {**c, "arm": c["against"], "against": c["arm"], "n": c["n_against"], "n_against": c["n"],
+            "only_a": c["only_b"], "only_b": c["only_a"], "diff": -c["diff"], "interval": _flip(c["interval"]),
+            "p_ahead": 1 - c["p_ahead"], "paired_mean": None if c["paired_mean"] is None else -c["paired_mean"],
+            "paired_t": _flip(c["paired_t"])}
+
+
+def ordering_text(spec: StudySpec, c: dict) -> str:
+    """One comparison in plain words, from the arm ahead in most resamples: 'SiT + 2D RoPE (`sit-rope`) is ahead of
+    ViT5G (`vit5-nols`) in 96% of bootstrap resamples of the 3 training seeds (paired by seed); ...', with the
+    intervals and what the seed count allows."""
+    if c["p_ahead"] < 0.5:
+        c = _mirror(c)
+    if c["shared"] and not c["only_a"] and not c["only_b"]:
+        seeds = f"the {len(c['shared'])} training seeds, paired by seed"
+    else:
+        seeds = (f"the training seeds ({c['n']} of `{c['arm']}`, {c['n_against']} of `{c['against']}`"
+                 + (f", the {len(c['shared'])} both have paired" if c["shared"] else ", none shared") + ")")
+    text = (f"{_arm_words(spec, c['arm'])} is ahead of {_arm_words(spec, c['against'])} in "
+            f"{iv.percent(c['p_ahead'])} of bootstrap resamples of {seeds}")
+    if c["ties"]:
+        text += f" (level in {iv.percent(c['ties'])}, counted half)"
+    elif c["p_ahead"] == 1 and c["distinct"] > 1 and c["paired_mean"] is not None and not (
+            c["only_a"] or c["only_b"]):
+        text += " (every seed has it ahead, so every resample does)"
+    if c["interval"] is None:
+        return text + "; one seed each: no interval"
+    text += (f"; FID(`{c['arm']}`) - FID(`{c['against']}`) = {c['diff']:+.1f}, bootstrap 95% "
+             f"{_span(c['interval'], '+')}")
+    if c["paired_t"] is not None:
+        what = ("t 95%" if len(c["shared"]) == c["n"] == c["n_against"]
+                else f"t 95% over the {len(c['shared'])} shared seeds")
+        text += f", {what} {_span(c['paired_t'], '+')}"
+    fewest = min(c["n"], c["n_against"])
+    if iv.few_seeds(fewest):
+        text += (f". With {fewest} seeds the bootstrap has only {c['distinct']} distinct resamples: its probability "
+                 "is coarse and its interval narrower than the t-interval, which is the one to read")
+        if c["paired_t"] is not None and c["paired_t"][0] < 0 < c["paired_t"][1]:
+            text += f" (it includes 0: {fewest} seeds do not establish the ordering at 95%)"
+    return text
 
 
 def _planned_text(d: dict) -> str:
@@ -277,9 +460,12 @@ def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
     if d["step"] is None:
         return lines + [f"**Not decidable yet**: no step has ≥ {rule.min_seeds} seeds for `{rule.reference}` "
                         f"and another candidate; {_needs_text(d)}.{_planned_text(d)}", ""]
-    lines += [f"Step {d['step']:,}:", "", "| rank | arm | FID mean ± sd | seeds |", "|---:|---|---:|---:|"]
+    lines += [f"Step {d['step']:,}:", "", "| rank | arm | FID mean ± sd | seeds | bootstrap 95% | t 95% |",
+              "|---:|---|---:|---:|---:|---:|"]
     for i, (arm, mean, sd, n) in enumerate(d["ranking"], 1):
-        lines.append(f"| {i} | `{arm}` | {mean:.1f} ± {sd:.1f} | {n} |")
+        boot, t = d["intervals"][arm]
+        lines.append(f"| {i} | `{arm}` | {mean:.1f} ± {sd:.1f} | {n}{'†' * iv.few_seeds(n)} | {_span(boot)} | "
+                     f"{_span(t)} |")
     best = d["ranking"][0][0]
     if best == rule.reference:
         text = f"**`{rule.reference}` stays**: it has the lowest mean FID."
@@ -293,12 +479,39 @@ def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
     if d["baseline"]:
         arm, mean, sd, n = d["baseline"]
         lines.append(f"Baseline `{arm}` at the same step: {mean:.1f} ± {sd:.1f} ({n} seeds).")
+    lines += ["", *_comparison_lines(spec, d), ""]
     if d["excluded"]:
         lines.append(f"Not included (fewer than {rule.min_seeds} seeds at step {d['step']:,}): "
                      f"{', '.join(f'`{c}`' for c in d['excluded'])}.")
     lines.append((f"Final at the study's last step {d['last_step']:,}: every candidate has ≥ {rule.min_seeds} "
                   "seeds there." if not d["needs"] else f"Provisional: {_needs_text(d)}.") + _planned_text(d))
     return lines + [""]
+
+
+def _comparison_lines(spec: StudySpec, d: dict) -> list[str]:
+    """The ordering of the ranked arms with its bootstrap: the table, and the verdict's comparison in words."""
+    if not d["comparisons"]:
+        return []
+    lines = ["How firm the ordering is (" + _interval_settings_text() + " The difference of means is each arm's "
+             "mean over its own seeds, resampled paired by seed where both arms have the seed; 'ahead' is the share "
+             "of resamples in which the arm's mean FID is the lower, a tie counted half):", "",
+             "| arm | against | seeds | difference of means | bootstrap 95% | ahead in | paired by seed: mean ± sd | "
+             "t 95% |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for c in d["comparisons"]:
+        seeds = f"{c['n']} / {c['n_against']}" + ("" if c["n"] == c["n_against"] == len(c["shared"])
+                                                   else f" ({len(c['shared'])} shared)")
+        seeds += "†" * iv.few_seeds(min(c["n"], c["n_against"]))
+        boot = _span(c["interval"], "+") if c["interval"] else "-"
+        paired = (f"{c['paired_mean']:+.1f}" + (f" ± {c['paired_sd']:.1f}" if c["paired_sd"] is not None else "")
+                  if c["paired_mean"] is not None else "no shared seed")
+        t = _span(c["paired_t"], "+") if c["paired_t"] else "-"
+        lines.append(f"| `{c['arm']}` | `{c['against']}` | {seeds} | {c['diff']:+.1f} | {boot} | "
+                     f"{iv.percent(c['p_ahead'])} | {paired} | {t} |")
+    head = _headline(d)
+    lines += ["", *([ordering_text(spec, head) + "."] if head else [])]
+    if any(iv.few_seeds(min(c["n"], c["n_against"])) for c in d["comparisons"]):
+        lines += ["", _few_seeds_text()]
+    return lines
 
 
 def _seed_list(seeds: list[int]) -> str:
@@ -368,6 +581,7 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
     for scale in e.cfg_scales:
         lines += [f"## {guidance_label(scale).capitalize()}", ""]
         lines += _metric_tables(spec, rows, scale)
+        lines += _mean_interval_lines(spec, rows, scale)
         lines += _component_lines(spec, rows, scale)
         noise = sampling_noise(spec, rows, cfg_scale=scale)
         if noise:
@@ -546,6 +760,9 @@ def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None =
                          "seeds": list(a.seeds)} for a in spec.arms],
                "aggregate": {m: [e for c in scales for e in aggregate(spec, rows, m, c)] for m in spec.eval.metrics},
                "sampling_noise": [n for c in scales for n in sampling_noise(spec, rows, cfg_scale=c)],
+               "intervals": {"level": iv.LEVEL, "resamples": iv.RESAMPLES, "seed": iv.SEED, "few_seeds": iv.FEW_SEEDS,
+                             "fid_means": [m for c in scales for m in mean_intervals(spec, rows, c)],
+                             "components": [e for c in scales for e in component_deltas(spec, rows, cfg_scale=c)]},
                "decisions": [decide(spec, rows, c) for c in scales] if spec.decision is not None else [],
                "rows": [{k: v for k, v in r.items() if k != "samples"} for r in rows]}
     atomic_write_text(out / "study.json", json.dumps(payload, indent=1, default=str) + "\n")

@@ -4,6 +4,7 @@ huggingface_hub API boundary. Nothing here touches the network (HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import sys
@@ -39,6 +40,17 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+# diffusers' layout beside our files (vit5_sit.hub.layout); the weights are transformer/'s safetensors
+LAYOUT = ["model_index.json", "pipeline_vit5_sit.py", "scheduler/scheduler_config.json",
+          "scheduler/scheduling_vit5_sit.py", "transformer/config.json",
+          "transformer/diffusion_pytorch_model.safetensors", "transformer/transformer_vit5_sit.py"]
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under a folder, as sorted relative paths."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
 def _tiny(seed: int = 0):
     cfg = load_config(None, TINY)
     torch.manual_seed(seed)
@@ -70,13 +82,14 @@ def hf_cache(tmp_path, model_dir) -> Path:
     blobs = repo / "blobs"
     snapshot.mkdir(parents=True)
     blobs.mkdir()
-    for name in ("config.yaml", "ema.safetensors", "README.md"):  # blobs by content, linked from the snapshot
+    for name in ("config.yaml", hub.WEIGHTS_FILE, "README.md"):  # blobs by content, linked from the snapshot
         data = (model_dir / name).read_bytes()
         import hashlib
 
         blob = blobs / hashlib.sha256(data).hexdigest()
         blob.write_bytes(data)
-        (snapshot / name).symlink_to(Path("../..") / "blobs" / blob.name)
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).symlink_to(Path("../" * (name.count("/") + 2)) / "blobs" / blob.name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(REVISION)
     return cache
@@ -88,7 +101,7 @@ def hf_cache(tmp_path, model_dir) -> Path:
 def test_save_and_load_round_trip_keeps_weights_and_samples(tmp_path):
     cfg, model = _tiny(3)
     out = hub.PretrainedModel(model, cfg).save_pretrained(tmp_path / "m")
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors"]
+    assert _files(out) == sorted(["README.md", "config.yaml", *LAYOUT])
     back = hub.PretrainedModel.from_pretrained(out)
     a, b = model.state_dict(), back.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -99,8 +112,8 @@ def test_save_and_load_round_trip_keeps_weights_and_samples(tmp_path):
 def test_save_pretrained_dtype_halves_the_weights(tmp_path, model_dir):
     m = hub.PretrainedModel.from_pretrained(model_dir)
     out = m.save_pretrained(tmp_path / "half", dtype=torch.float16)
-    assert {v.dtype for v in load_file(str(out / "ema.safetensors")).values()} == {torch.float16}
-    assert (out / "ema.safetensors").stat().st_size < 0.6 * (model_dir / "ema.safetensors").stat().st_size
+    assert {v.dtype for v in load_file(str(out / hub.WEIGHTS_FILE)).values()} == {torch.float16}
+    assert (out / hub.WEIGHTS_FILE).stat().st_size < 0.6 * (model_dir / hub.WEIGHTS_FILE).stat().st_size
 
 
 def test_model_card_names_preset_parameters_steps_dataset_sampler(model_dir):
@@ -193,7 +206,7 @@ def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
     assert ("| 20 | `n500_seed0_ode_euler_50steps_cfg1` | mnist.npz | 500 | 123.46 | 0.500 | 0.250 | "
             "`eval_fid.py compare` |") in card
     assert "20 steps of batch" in card and "Vit5SitPipeline.from_pretrained(\"me/tiny-vit5\")" in card
-    assert {v.dtype for v in load_file(str(out / "ema.safetensors")).values()} == {torch.float16}
+    assert {v.dtype for v in load_file(str(out / hub.WEIGHTS_FILE)).values()} == {torch.float16}
     # from_pretrained of the run itself: the newest checkpoint, its step and metrics
     m = hub.PretrainedModel.from_pretrained(run)
     assert m.config.train.max_steps == 20 and [r["fid"] for r in m.metrics] == [123.456]
@@ -207,8 +220,8 @@ def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, c
     run = _run_with_metrics(tmp_path)
     out = tmp_path / "exported"
     assert demo_main(["export", str(run), "--out", str(out), "--cfg-scale", "3"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json",
-                                                     "samples.png"]  # no lock or temporary file left
+    assert _files(out) == sorted(["README.md", "config.yaml", "metrics.json", "samples.png",
+                                *LAYOUT])  # no lock or temporary file left
     assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in (out / "README.md").read_text()
     assert sample_main(["--ckpt", str(out), "--out", str(tmp_path / "cli.png"), "--no-progress"]) == 0
     exported, cli = Image.open(out / hub.SAMPLES_FILE), Image.open(tmp_path / "cli.png")
@@ -326,7 +339,7 @@ def test_model_files_and_hub_import_one_way():
 def test_cached_repo_loads_offline(hf_cache, model_dir, monkeypatch):
     import huggingface_hub.constants
 
-    want = load_file(str(model_dir / "ema.safetensors"))
+    want = load_file(str(model_dir / hub.WEIGHTS_FILE))
     for kwargs in ({}, {"revision": REVISION}, {"revision": "main"}):
         m = hub.PretrainedModel.from_pretrained("me/tiny-vit5", cache_dir=hf_cache, **kwargs)
         got = m.model.state_dict()
@@ -416,8 +429,8 @@ def fake_hub(monkeypatch):
         return RepoUrl(f"https://huggingface.co/{repo_id}")
 
     def upload_folder(self, *, repo_id, folder_path, allow_patterns=None, **kwargs):
-        files = {p.name: p.read_bytes() for p in Path(folder_path).iterdir()
-                 if allow_patterns is None or p.name in allow_patterns}
+        files = {name: (Path(folder_path) / name).read_bytes() for name in _files(Path(folder_path))
+                 if allow_patterns is None or any(fnmatch.fnmatch(name, p) for p in allow_patterns)}
         sent["uploads"].append({"repo_id": repo_id, "files": files, **kwargs})
         return CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message="m",
                           commit_description="", oid="abc")
@@ -435,10 +448,10 @@ def test_push_to_hub_sends_config_weights_and_card(fake_hub, tmp_path):
     assert fake_hub["created"] == [("me/pushed", {"repo_type": "model", "private": True, "exist_ok": True})]
     (upload,) = fake_hub["uploads"]
     assert upload["repo_id"] == "me/pushed" and upload["repo_type"] == "model"
-    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json"]
+    assert sorted(upload["files"]) == sorted(["README.md", "config.yaml", "metrics.json", *LAYOUT])
     card = upload["files"]["README.md"].decode()
     assert "Vit5SitPipeline.from_pretrained(\"me/pushed\")" in card and "| 7 | `s` |  |  | 42.00 |" in card
-    (tmp_path / "w.safetensors").write_bytes(upload["files"]["ema.safetensors"])
+    (tmp_path / "w.safetensors").write_bytes(upload["files"][hub.WEIGHTS_FILE])
     sent = load_file(str(tmp_path / "w.safetensors"))
     assert all(torch.equal(sent[k], v) for k, v in model.state_dict().items())
 
@@ -448,7 +461,8 @@ def test_demo_export_push(fake_hub, tmp_path, capsys):
     code = demo_main(["export", str(run), "--out", str(tmp_path / "out"), "--push", "me/exported"])
     assert code == 0 and "pushed" in capsys.readouterr().out
     (upload,) = fake_hub["uploads"]
-    assert sorted(upload["files"]) == ["README.md", "config.yaml", "ema.safetensors", "metrics.json", "samples.png"]
+    assert sorted(upload["files"]) == sorted(["README.md", "config.yaml", "metrics.json", "samples.png",
+                                                *LAYOUT])
     assert "123.46" in upload["files"]["README.md"].decode()
     assert demo_main(["export", str(run), "--out", str(tmp_path / "o2"), "--push", "not a repo"]) == 2
     assert "--push not a repo: expected a Hub repo id OWNER/NAME" in capsys.readouterr().err

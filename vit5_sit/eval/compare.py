@@ -181,7 +181,8 @@ def _local_run(spec) -> tuple[Path, str | None]:
 def _is_model_folder(path: Path) -> bool:
     """An exported model (config.yaml beside its weights, no checkpoints/): one checkpoint at its step."""
     return (path / "config.yaml").is_file() and not (path / "checkpoints").is_dir() and any(
-        (path / name).is_file() for name in ("ema.safetensors", "model.safetensors"))
+        (path / name).is_file() for name in ("ema.safetensors", "model.safetensors",
+                                             "transformer/diffusion_pytorch_model.safetensors"))
 
 
 def _run_checkpoints(run: Path, log, every: int | None = None) -> list:

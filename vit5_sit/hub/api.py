@@ -31,6 +31,7 @@ from vit5_sit.config import ExperimentConfig, load_config, save_config
 from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in one module for users)
     CARD_FILE,
     CONFIG_FILE,
+    LEGACY_WEIGHTS_FILE,
     LIBRARY_NAME,
     METRICS_FILE,
     MODEL_FILES,
@@ -43,6 +44,7 @@ from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in
     repo_id_problem,
     resolve_model_path,
 )
+from vit5_sit.hub.layout import write_diffusers_layout
 from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, resolve_checkpoint
 from vit5_sit.models import PRESET_FAMILIES, PRESETS, Denoiser
 
@@ -235,8 +237,10 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
                        dtype: torch.dtype | None = None,   # e.g. torch.float16 halves the size; None keeps it
                        source: str | None = None,          # recorded in the safetensors metadata
                        repo_id: str | None = None,         # named in the card's usage examples
+                       vae=None,                           # latent models: the VAE to store; None = data.vae's
                        ) -> Path:
-    """Write a model folder: config.yaml, ema.safetensors, README.md (the card) and metrics.json (if any)."""
+    """Write a model folder: config.yaml, the weights, README.md (the card), metrics.json (if any) and diffusers'
+    layout (`vit5_sit.hub.layout`: model_index.json, the components' configs and code, a latent model's VAE)."""
     from safetensors.torch import save
 
     from vit5_sit.common.checks import tensors_problem
@@ -248,8 +252,11 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
         cast = f" as {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
         raise ModelLoadError(f"{source or 'the weights'}{cast}: {problem}; export a good checkpoint instead "
                              "(or keep float32 if float16 overflows)")
-    atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata={"source": source} if source else None))
+    atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata={"format": "pt", **({"source": source}
+                                                                                      if source else {})}))
+    (out / LEGACY_WEIGHTS_FILE).unlink(missing_ok=True)  # an older export's weights must not be read instead
     save_config(cfg, out / CONFIG_FILE)
+    write_diffusers_layout(out, cfg, vae)
     num_params = sum(v.numel() for v in state.values())
     if metrics:
         atomic_write_text(out / METRICS_FILE, json.dumps(list(metrics), indent=1) + "\n")
@@ -297,7 +304,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     if (problem := repo_id_problem(repo_id)) is not None:
         raise HubError(f"--push {repo_id}: {problem}")
     for name in (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE):
-        if not (folder / name).is_file():
+        if not (folder / name).is_file() and not (name == WEIGHTS_FILE and (folder / LEGACY_WEIGHTS_FILE).is_file()):
             raise HubError(f"{folder}: no {name}; write the folder with save_pretrained or "
                            "`python -m vit5_sit.demo export` first")
     if hub_offline_by_env():
@@ -306,7 +313,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
         info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder),
-                                 allow_patterns=[n for n in MODEL_FILES if (folder / n).is_file()],
+                                 allow_patterns=list(MODEL_FILES),
                                  revision=revision, commit_message=commit_message or f"Upload {folder.name}")
     except HfHubHTTPError as e:  # the server answered: most often no token or no write access
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

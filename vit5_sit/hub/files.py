@@ -15,11 +15,15 @@ from pathlib import Path
 from vit5_sit.common.checks import ModelLoadError, path_problem, shown
 
 CONFIG_FILE = "config.yaml"
-WEIGHTS_FILE = "ema.safetensors"
+WEIGHTS_FILE = "transformer/diffusion_pytorch_model.safetensors"  # the EMA weights, read by vit5-sit and diffusers
+LEGACY_WEIGHTS_FILE = "ema.safetensors"  # where folders written before the diffusers layout keep them (still read)
 CARD_FILE = "README.md"
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.png"  # a sample grid that the card shows, when the folder has one
-MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, METRICS_FILE, SAMPLES_FILE)  # what is downloaded and uploaded
+# diffusers' layout beside ours (vit5_sit.hub.layout): the pipeline index, code and component folders
+DIFFUSERS_FILES = ("model_index.json", "pipeline_vit5_sit.py", "transformer/*", "scheduler/*", "vae/*")
+MODEL_FILES = (CONFIG_FILE, LEGACY_WEIGHTS_FILE, CARD_FILE, METRICS_FILE, SAMPLES_FILE,
+               *DIFFUSERS_FILES)  # what is downloaded and uploaded (file names and patterns)
 LIBRARY_NAME = "vit5-sit"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # the shape OWNER/NAME; `repo_id_problem` has the rules
 _REPO_PART = re.compile(r"^\w(?:[\w.-]{0,94}\w)?$", re.ASCII)  # the Hub's rule for the owner and the name
@@ -140,7 +144,8 @@ def download_model(repo_id: str, *, revision: str | None = None, cache_dir: str 
         raise ModelLoadError(f"{short}download failed: {first}") from None
     except network_error_types() as e:  # the connection failed (httpx2/httpx/requests errors, timeouts)
         raise ModelLoadError(f"{short}download failed: {network_failure(e)}") from None
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+    if not (folder / CONFIG_FILE).is_file() or not any((folder / w).is_file() for w in (WEIGHTS_FILE,
+                                                                                         LEGACY_WEIGHTS_FILE)):
         found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
         raise ModelLoadError(f"{short}not a vit5-sit model repo (needs {CONFIG_FILE} and {WEIGHTS_FILE}; "
                              f"found: {', '.join(found) or 'none of our files'})")

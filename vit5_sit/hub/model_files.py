@@ -16,7 +16,7 @@ import torch
 
 from vit5_sit.common.checks import ModelLoadError, first_line, tensors_problem
 from vit5_sit.config import ExperimentConfig, load_config
-from vit5_sit.hub.files import parse_repo_spec, resolve_model_path
+from vit5_sit.hub.files import WEIGHTS_FILE, parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
@@ -29,11 +29,22 @@ DEMO_MODEL = Path(__file__).parent.parent / "assets" / "demo"
 
 
 def _weights_in(folder: Path, use_ema: bool) -> Path | None:
+    """The weights file of a checkpoint or model folder: ema / model.safetensors, or the diffusers layout's
+    transformer/diffusion_pytorch_model.safetensors (the EMA weights of an exported folder)."""
     names = ("ema.safetensors", "model.safetensors") if use_ema else ("model.safetensors", "ema.safetensors")
+    names += (WEIGHTS_FILE,)
     for name in names:
         if (folder / name).is_file():
             return folder / name
     return None
+
+
+def weights_file(folder: Path) -> Path:
+    """The EMA weights of a checkpoint or model folder (`resolve_checkpoint`'s first value)."""
+    weights = _weights_in(Path(folder), True)
+    if weights is None:
+        raise ModelLoadError(f"{folder}: no weights (ema.safetensors, model.safetensors or {WEIGHTS_FILE})")
+    return weights
 
 
 def local_model_path(path: str | Path | None) -> Path:
@@ -65,7 +76,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
         return path, path / "config.yaml"
     raise ModelLoadError(
         f"{path}: not a run folder, checkpoint folder or model folder (expected config.yaml with "
-        "checkpoints/ or with ema.safetensors / model.safetensors beside it)")
+        f"checkpoints/ or with ema.safetensors / model.safetensors / {WEIGHTS_FILE} beside it)")
 
 
 def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None,

@@ -249,7 +249,7 @@ class Vit5SitPipeline:
             raise ValueError(f"output_type={output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}")
         per_label = _positive("num_images_per_prompt", num_images_per_prompt)
         labels = [c for c in self.get_label_ids(class_labels) for _ in range(per_label)]
-        seeds = self._seeds(len(labels), seed, generator)
+        seeds = draw_seeds(len(labels), seed, generator)
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
         check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
         low, high = guidance_interval
@@ -296,47 +296,52 @@ class Vit5SitPipeline:
                               guidance_interval=(low, high), vae=self.vae, batch_size=batch_size,
                               device=self.device, on_batch=batch_done, on_step=step, as_float=True,
                               scheduler=self.scheduler)
-        out = Vit5SitPipelineOutput(self._convert(x, output_type), labels, seeds)
+        out = Vit5SitPipelineOutput(convert_images(x, output_type), labels, seeds)
         return out if return_dict else out.to_tuple()
 
-    @staticmethod
-    def _seeds(n: int, seed, generator) -> list[int]:
-        if seed is not None and generator is not None:
-            raise SeedError("give seed or generator, not both: seed fixes every image's seed, generator draws them")
-        if seed is not None:
-            if isinstance(seed, numbers.Integral):
-                first = check_seeds(seed, n)
-                return list(range(first, first + n))
-            if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray | torch.Tensor):
-                raise SeedError(f"seed={seed!r}: give the first seed (an int; image i has seed + i) or one int "
-                                "per image")
-            seeds = [check_seeds(s.item() if isinstance(s, torch.Tensor) else s) for s in seed]
-            if len(seeds) != n:
-                raise ValueError(f"{len(seeds)} seeds for {n} images: give one seed per image, or the first")
-            return seeds
-        if generator is None or isinstance(generator, torch.Generator):
-            device = "cpu" if generator is None else generator.device
-            return [int(s) for s in torch.randint(0, MAX_SEED, (n,), generator=generator, device=device)]
-        if isinstance(generator, str | bytes) or not isinstance(generator, Sequence):
-            raise SeedError(f"generator of type {type(generator).__name__}: give a torch.Generator, or a list of "
-                            "them, one per image")
-        for i, g in enumerate(generator):
-            if not isinstance(g, torch.Generator):
-                raise SeedError(f"generator[{i}] is a {type(g).__name__}: give a list of torch.Generator, one per "
-                                "image")
-        if len(generator) != n:
-            raise ValueError(f"{len(generator)} generators for {n} images: give one generator per image (or one "
-                             "for all)")
-        # Image i's seed from generator i alone: its image does not depend on the other generators.
-        return [int(torch.randint(0, MAX_SEED, (1,), generator=g, device=g.device)) for g in generator]
 
-    @staticmethod
-    def _convert(x: torch.Tensor, output_type: str):
-        """(N, C, H, W) in [-1, 1] -> PIL images (RGB, exactly sample.py's pixels) or floats in [0, 1]."""
-        if output_type == "pil":
-            from PIL import Image
+def draw_seeds(n: int, seed, generator) -> list[int]:
+    """The seeds of n images: ``seed`` (the first, image i has seed + i; or one per image), else drawn from
+    ``generator`` (a list: image i's from generator i), else from torch's global RNG."""
+    if seed is not None and generator is not None:
+        raise SeedError("give seed or generator, not both: seed fixes every image's seed, generator draws them")
+    if seed is not None:
+        if isinstance(seed, numbers.Integral):
+            first = check_seeds(seed, n)
+            return list(range(first, first + n))
+        if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray | torch.Tensor):
+            raise SeedError(f"seed={seed!r}: give the first seed (an int; image i has seed + i) or one int "
+                            "per image")
+        seeds = [check_seeds(s.item() if isinstance(s, torch.Tensor) else s) for s in seed]
+        if len(seeds) != n:
+            raise ValueError(f"{len(seeds)} seeds for {n} images: give one seed per image, or the first")
+        return seeds
+    if generator is None or isinstance(generator, torch.Generator):
+        device = "cpu" if generator is None else generator.device
+        return [int(s) for s in torch.randint(0, MAX_SEED, (n,), generator=generator, device=device)]
+    if isinstance(generator, str | bytes) or not isinstance(generator, Sequence):
+        raise SeedError(f"generator of type {type(generator).__name__}: give a torch.Generator, or a list of "
+                        "them, one per image")
+    for i, g in enumerate(generator):
+        if not isinstance(g, torch.Generator):
+            raise SeedError(f"generator[{i}] is a {type(g).__name__}: give a list of torch.Generator, one per "
+                            "image")
+    if len(generator) != n:
+        raise ValueError(f"{len(generator)} generators for {n} images: give one generator per image (or one "
+                         "for all)")
+    # Image i's seed from generator i alone: its image does not depend on the other generators.
+    return [int(torch.randint(0, MAX_SEED, (1,), generator=g, device=g.device)) for g in generator]
 
-            return [Image.fromarray(a) for a in to_uint8(x)]
-        x = ((x + 1) / 2).clamp(0, 1)
-        return x.permute(0, 2, 3, 1).numpy() if output_type == "np" else x
 
+def convert_images(x: torch.Tensor, output_type: str | None):
+    """(N, C, H, W) in [-1, 1] -> what diffusers' ``output_type`` names: "pil" PIL images (RGB, exactly
+    sample.py's pixels), "np" (N, H, W, 3) / "pt" (N, 3, H, W) floats in [0, 1]; None is "np", as in diffusers.
+    One-channel images are RGB in all three (the grey channel repeated), so the types agree in shape."""
+    if output_type == "pil":
+        from PIL import Image
+
+        return [Image.fromarray(a) for a in to_uint8(x)]
+    x = ((x + 1) / 2).clamp(0, 1)
+    if x.shape[1] == 1:
+        x = x.repeat(1, 3, 1, 1)
+    return x.permute(0, 2, 3, 1).numpy() if output_type in ("np", None) else x

@@ -75,6 +75,19 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
     return SamplerConfig(**fields)
 
 
+class HalfPrecisionCalls:
+    """A model with bfloat16 / float16 weights as the float32 solvers call it: x cast to the weights' dtype, the
+    prediction back to float32 (t and the labels go in as they are: the embedders cast them). The solver state
+    stays float32; ``cfg`` and ``null_label`` are the model's, for guidance."""
+
+    def __init__(self, model: Denoiser) -> None:
+        self.model, self.cfg, self.null_label = model, model.cfg, model.null_label
+        self.dtype = next(model.parameters()).dtype
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **kw) -> torch.Tensor:
+        return self.model(x.to(self.dtype), t, y, **kw).float()
+
+
 def _check_batch_size(batch_size) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: must be a whole number >= 1")
@@ -107,9 +120,9 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     cfg = model.cfg
     size = image_size or cfg.input_size
     model = model.to(device).eval()
-    net = model
+    net = model if next(model.parameters()).dtype == torch.float32 else HalfPrecisionCalls(model)
     if cfg_scale != 1.0:
-        net = ClassifierFreeGuidance(model, cfg_scale, null_class=cfg.null_label, interval=guidance_interval,
+        net = ClassifierFreeGuidance(net, cfg_scale, null_class=cfg.null_label, interval=guidance_interval,
                                      channels=guide_channels)
     if on_step is not None:
         guided = net

@@ -56,7 +56,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
         read_metrics,
         write_model_folder,
     )
-    from vit5_sit.hub.model_files import resolve_checkpoint
+    from vit5_sit.hub.model_files import resolve_checkpoint, weights_file
 
     dtype = torch.float16 if dtype is None else dtype
     folder, config_path = resolve_checkpoint(run_or_ckpt)
@@ -65,7 +65,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
     cfg = config_at_step(config_path, folder, overrides)
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
-    ema = load_file(str(folder / "ema.safetensors"))
+    ema = load_file(str(weights_file(folder)))
     (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
     out = write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
     if samples:

@@ -235,7 +235,8 @@ def _samples_npz(path: Path, n: int = 4) -> Path:
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--guidance-interval", "0.8", "0.2"],
      "--guidance-interval 0.8 0.2: need 0 <= LOW <= HIGH <= 1"),
     # the seed rule of sample.py: every image's seed --seed + i in [0, 2**32)
-    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "-1"], "argument --seed: must be in"),
+    (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "-1"],
+     "argument --seed: must be in"),
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "4294967000", "--num-samples",
       "1000"], "for 1000 images"),
     (["compare", "{tmp}/run", "--ref", "{tmp}/s.npz", "--out", "{tmp}/o", "--seed", "4294967295"], "for 4 images"),

@@ -52,12 +52,32 @@ import numpy as np
 import torch
 
 from vit5_sit.common.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
+from vit5_sit.common.contract import BATCH, GUIDANCE, MAX_CALL_IMAGES, STEPS, UNIT, Arg, Range, check_arguments
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.models import Denoiser
 from vit5_sit.sampling.generate import _check_batch_size, sample_images, sampler_settings, steps_per_batch, to_uint8
 from vit5_sit.transport import SeedError, Transport, check_guidance_settings, check_seeds
 
-OUTPUT_TYPES = ("pil", "np", "pt")
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")  # diffusers' output types; None is also taken, as "np" (diffusers')
+# The contract of a pipeline call: every keyword of `Vit5SitPipeline.__call__`, its type and range, checked before
+# anything is built (tests/test_contract.py fails for a keyword without an entry). None: the default decides.
+PIPELINE_ARGS: dict[str, Arg] = {
+    "class_labels": Arg("object", note="get_label_ids: class ids or ImageNet names"),
+    "guidance_scale": Arg("float", GUIDANCE),
+    "guidance_interval": Arg("list", UNIT),
+    "num_inference_steps": Arg("int", STEPS),
+    "sampler": Arg("text"),
+    "method": Arg("text"),
+    "num_images_per_prompt": Arg("int", Range(1, MAX_CALL_IMAGES, why="a call holds its images in memory; for "
+                                              "more, sample.py --out FILE.npz writes them in resumable parts")),
+    "seed": Arg("object", note="check_seeds: the first seed or one per image, each in [0, 2**32)"),
+    "generator": Arg("object", note="draw_seeds: a torch.Generator or one per image"),
+    "output_type": Arg("choice", choices=OUTPUT_TYPES),
+    "batch_size": Arg("int", BATCH),
+    "max_nfe": Arg("int", Range(1, 10**9, why="network evaluations of a batch")),
+    "on_step": Arg("object", note="a callable (done, total)"),
+    "return_dict": Arg("switch"),
+}
 MAX_SEED = 2**31 - 1  # seeds drawn from a torch.Generator lie in [0, MAX_SEED)
 
 
@@ -119,6 +139,8 @@ class Vit5SitPipeline:
         self.scheduler = scheduler
         self.latent = config.data.kind == "latents"
         self._vae = vae                   # None until first needed: a name/path, or a loaded AutoencoderKL
+        self._vae_dtype = torch.float32   # the dtype a VAE loaded on first use gets (pipe.to(dtype) sets it)
+        self._offload: torch.device | None = None  # enable_model_cpu_offload's device
         self._progress = {"disable": False}
 
     # -- loading ---------------------------------------------------------------------------------------
@@ -127,17 +149,26 @@ class Vit5SitPipeline:
                         revision: str | None = None,          # branch, tag or commit of a Hub repo
                         cache_dir: str | Path | None = None,  # None = the Hugging Face cache
                         token: str | None = None,
-                        vae=None,                             # latent models: None = the config's data.vae
+                        vae=None,                             # latent models: None = the folder's vae/,
+                                                              # else the config's data.vae
                         device: torch.device | str = "cpu",
                         scheduler=None,                       # a diffusers flow scheduler; None = ours
+                        torch_dtype: torch.dtype | None = None,  # the weights' dtype; None = float32
+                        dtype: torch.dtype | None = None,     # the same (diffusers' newer name)
                         ) -> Vit5SitPipeline:
         """From a Hub repo id, a model folder, a run folder (newest valid checkpoint) or a checkpoint folder;
-        None = the bundled demo model."""
+        None = the bundled demo model. ``torch_dtype=torch.bfloat16`` runs the network in bfloat16 (the solvers
+        stay float32)."""
         from vit5_sit.hub.api import PretrainedModel
 
+        if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
+            raise ValueError(f"torch_dtype={torch_dtype} and dtype={dtype}: give one of them")
         loaded = PretrainedModel.from_pretrained(repo_id_or_path, revision=revision, cache_dir=cache_dir,
                                                  token=token, device=device)
-        return cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler)
+        if vae is None and loaded.folder is not None and (loaded.folder / "vae" / "config.json").is_file():
+            vae = loaded.folder / "vae"  # the VAE the model folder carries (diffusers' layout)
+        pipe = cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler)
+        return pipe.to(dtype=torch_dtype or dtype) if (torch_dtype or dtype) else pipe
 
     def _pretrained(self):
         from vit5_sit.hub.api import PretrainedModel
@@ -145,22 +176,72 @@ class Vit5SitPipeline:
         return PretrainedModel(self.model, self.config, self.metrics)
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> Path:
-        """The model folder (`vit5_sit.hub.api.PretrainedModel.save_pretrained`); the VAE is the config's name."""
+        """The model folder (`vit5_sit.hub.api.PretrainedModel.save_pretrained`), diffusers' layout included; a
+        latent model's folder gets this pipeline's VAE."""
+        if self.latent and "vae" not in kwargs:
+            kwargs["vae"] = self._vae
         return self._pretrained().save_pretrained(save_directory, **kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
         """Upload the model folder to a Hub model repo (`vit5_sit.hub.api.PretrainedModel.push_to_hub`)."""
         return self._pretrained().push_to_hub(repo_id, **kwargs)
 
-    def to(self, device: torch.device | str) -> Vit5SitPipeline:
-        self.model.to(device)
-        if self._vae is not None and not isinstance(self._vae, str | Path):
-            self._vae.to(device)
+    def to(self, *args, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+           ) -> Vit5SitPipeline:
+        """As diffusers' ``pipe.to``: ``to("cuda")``, ``to(torch.bfloat16)``, ``to("cuda", torch.float16)``,
+        ``to(device=..., dtype=...)``. The dtype is the network's (and the VAE's); the solvers stay float32."""
+        for arg in args:
+            if isinstance(arg, torch.dtype):
+                dtype = arg
+            elif isinstance(arg, str | torch.device | int):
+                device = arg
+            else:
+                raise TypeError(f"to({arg!r}): give a device, a torch.dtype, or both")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype={dtype}: the weights need a floating-point dtype (torch.float32, bfloat16, ...)")
+        self._offload = None  # an explicit placement ends enable_model_cpu_offload
+        for module in (self.model, self._vae):
+            if module is not None and not isinstance(module, str | Path):
+                module.to(device=device, dtype=dtype)
+        if dtype is not None:
+            self._vae_dtype = dtype
         return self
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the pipeline computes: the network's device (with CPU offload, the device it runs on)."""
+        return self._offload if self._offload is not None else next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The network's weights' dtype."""
+        return next(self.model.parameters()).dtype
+
+    @property
+    def transformer(self) -> Denoiser:
+        """The network, under diffusers' name for it (``pipe.model`` is the same object)."""
+        return self.model
+
+    @property
+    def components(self) -> dict:
+        """As in diffusers: the parts by name (``transformer``, ``scheduler``: a diffusers scheduler or None for
+        our samplers, ``vae``: None for pixel models)."""
+        return {"transformer": self.model, "scheduler": self.scheduler, "vae": self.vae}
+
+    def enable_model_cpu_offload(self, gpu_id: int | None = None, device: torch.device | str = "cuda") -> None:
+        """As diffusers': the weights wait on the CPU and each model moves to ``device`` when it runs (the network,
+        then the VAE), through accelerate's ``cpu_offload_with_hook``; ``pipe.to(...)`` ends it."""
+        from accelerate import cpu_offload_with_hook
+
+        device = torch.device(device)
+        if gpu_id is not None:
+            device = torch.device(device.type, gpu_id)
+        self.to("cpu")
+        hook = None
+        for module in (self.model, self.vae):
+            if module is not None:
+                _, hook = cpu_offload_with_hook(module, device, prev_module_hook=hook)
+        self._offload = device
 
     @property
     def vae(self):
@@ -170,7 +251,8 @@ class Vit5SitPipeline:
         if self._vae is None or isinstance(self._vae, str | Path):
             from vit5_sit.data.vae import load_vae
 
-            self._vae = load_vae(str(self._vae or self.config.data.vae), device=self.device)
+            self._vae = load_vae(str(self._vae or self.config.data.vae), device=self.device,
+                                 dtype=self._vae_dtype)
         return self._vae
 
     # -- labels ----------------------------------------------------------------------------------------
@@ -207,15 +289,16 @@ class Vit5SitPipeline:
         """tqdm options for the bar of each call, e.g. ``disable=True``."""
         self._progress = {**self._progress, **kwargs}
 
-    def progress_bar(self, total: float | None, **kwargs):
-        """A tqdm bar over sampler steps (``total`` None: counted, not known ahead: adaptive solvers)."""
+    def progress_bar(self, iterable=None, total: float | None = None, **kwargs):
+        """As diffusers': a tqdm bar over ``iterable``, or one of ``total`` sampler steps (None: counted, not known
+        ahead: adaptive solvers), with the options of `set_progress_bar_config`."""
         from tqdm.auto import tqdm
 
         from vit5_sit.sampling.generate import BAR_FORMAT
 
         options = {"unit": "step", "desc": "sampling", "dynamic_ncols": True,
-                   "bar_format": BAR_FORMAT if total else None, **kwargs}
-        return tqdm(total=total, **{**options, **self._progress})
+                   "bar_format": BAR_FORMAT if total and iterable is None else None, **kwargs}
+        return tqdm(iterable, total=total, **{**options, **self._progress})
 
     # -- generation ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -229,7 +312,7 @@ class Vit5SitPipeline:
                  seed: int | Sequence[int] | None = None,         # first seed (image i: seed + i), or one each
                  generator: torch.Generator | Sequence[torch.Generator] | None = None,  # draws the seeds; a
                                                                   # list: one generator per image
-                 output_type: str = "pil",                        # 'pil' | 'np' | 'pt'
+                 output_type: str | None = "pil",                 # 'pil' | 'np' | 'pt' | 'latent'; None = 'np'
                  batch_size: int = 64,                            # images per forward; does not change them
                  max_nfe: int | None = None,                      # network evaluations a batch may take
                  on_step: Callable[[int, int | None], None] | None = None,  # after each network evaluation
@@ -245,10 +328,16 @@ class Vit5SitPipeline:
         over all batches and their total (None for adaptive solvers, whose count is not known ahead);
         an exception raised there stops sampling. ``return_dict=False``: ``(images, class_labels, seeds)``.
         """
-        if output_type not in OUTPUT_TYPES:
+        check_arguments(PIPELINE_ARGS, locals())  # every keyword by its contract, before anything is built
+        if output_type is not None and output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type={output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}")
         per_label = _positive("num_images_per_prompt", num_images_per_prompt)
-        labels = [c for c in self.get_label_ids(class_labels) for _ in range(per_label)]
+        ids = self.get_label_ids(class_labels)
+        if len(ids) * per_label > MAX_CALL_IMAGES:  # before the label list is built (10**12 hung)
+            raise ValueError(f"{len(ids)} class label(s) x num_images_per_prompt={per_label:,} = "
+                             f"{len(ids) * per_label:,} images: a call holds at most {MAX_CALL_IMAGES:,} in memory; "
+                             "call it several times, or write them with sample.py --out FILE.npz")
+        labels = [c for c in ids for _ in range(per_label)]
         seeds = draw_seeds(len(labels), seed, generator)
         scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
         check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
@@ -258,7 +347,8 @@ class Vit5SitPipeline:
                              f"({type(self.scheduler).__name__}); set pipe.scheduler = None to use ours")
         try:
             if self.scheduler is not None:  # its steps, one network evaluation each (counted as ODE Euler)
-                settings = sampler_settings(None, "ode", "euler", num_inference_steps or self.config.sampler.steps)
+                steps = self.config.sampler.steps if num_inference_steps is None else num_inference_steps
+                settings = sampler_settings(None, "ode", "euler", steps)
             else:
                 settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
         except ValueError as e:
@@ -291,12 +381,14 @@ class Vit5SitPipeline:
             count["batch"] += 1
             count["in_batch"] = 0
 
-        with self.progress_bar(steps * batches if evals else None) as bar:
+        with self.progress_bar(total=steps * batches if evals else None) as bar:
             x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,
-                              guidance_interval=(low, high), vae=self.vae, batch_size=batch_size,
+                              guidance_interval=(low, high), batch_size=batch_size,
+                              vae=None if output_type == "latent" else self.vae,
                               device=self.device, on_batch=batch_done, on_step=step, as_float=True,
                               scheduler=self.scheduler)
-        out = Vit5SitPipelineOutput(convert_images(x, output_type), labels, seeds)
+        images = x if output_type == "latent" else convert_images(x, output_type)  # latent: the model's space
+        out = Vit5SitPipelineOutput(images, labels, seeds)
         return out if return_dict else out.to_tuple()
 
 

@@ -277,10 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before any heavy import: --help and usage errors answer at once
     from vit5_sit.eval import EvalError
+    from vit5_sit.transport.samplers import SolverError
 
     try:
         return args.func(args)
-    except (UsageError, EvalError) as e:  # mistakes in the inputs: the message names the fix, no traceback
+    except (UsageError, EvalError, SolverError) as e:  # mistakes in the inputs: the message names the fix
         print(f"error: {e}", file=sys.stderr)
         return 2
 

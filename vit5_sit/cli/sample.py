@@ -281,7 +281,7 @@ def _run(args, grid: bool) -> int:
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.sampling.generate import SamplingInterrupted, SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
-    from vit5_sit.transport.samplers import FIXED_STEP_METHODS
+    from vit5_sit.transport.samplers import FIXED_STEP_METHODS, SolverError
 
     loaded = load_model(args)
     mcfg = loaded.model.cfg
@@ -337,6 +337,8 @@ def _run(args, grid: bool) -> int:
                 dist.print0(f"wrote {args.out}: {n} images ({what}) in {time.perf_counter() - start:.1f} s")
     except VAELoadError as e:
         raise UsageError(f"--vae: {e}") from None
+    except SolverError as e:
+        raise UsageError(f"--tol/--cfg-scale: {e}") from None
     except SamplingStateError as e:
         raise UsageError(f"--out: {e}") from None
     except SamplingInterrupted as e:

@@ -117,7 +117,7 @@ UNIT = Range(0.0, 1.0, why="t: 0 = noise, 1 = data")
 # ----------------------------------------------------------------------------------------------------------
 # The flags.
 
-KINDS = ("int", "float", "path", "text", "choice", "switch", "device", "list")
+KINDS = ("int", "float", "path", "text", "choice", "switch", "device", "list", "object")
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,15 @@ class Arg:
     """What a flag takes. ``kind``: int | float (with ``range``), path (``role`` input / output, ``suffixes`` it must
     end in), text (free text the command parses, e.g. --classes; never empty), choice (argparse ``choices``),
     switch (``store_true``), device (cpu, cuda, cuda:N; checked by `checks.parse_device`), list (comma-separated,
-    each item in ``range``)."""
+    each item in ``range``); object (Python arguments only: checked by the function's own rule, ``note`` says
+    which)."""
 
     kind: str
     range: Range | None = None
     role: str | None = None                 # paths: 'input' (read) | 'output' (written); None: neither
     suffixes: tuple[str, ...] = ()          # output paths: the file name must end in one of these
+    choices: tuple = ()                     # choice: the values it takes (Python arguments; argparse has its own)
+    note: str = ""                          # object: the rule that checks it
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -257,6 +260,49 @@ FLAGS: dict[str, Arg] = {
     "attention --no-ema": SWITCH,
     "attention --data": Arg("path", role=IN),
 }
+
+
+def value_problem(value: Any, entry: Arg) -> str | None:
+    """Why a Python argument ``value`` is outside ``entry`` (a pipeline's keyword, a config field), or None."""
+    import numbers
+
+    if entry.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            return f"expected a whole number, got a {type(value).__name__}"
+        value = int(value)
+    elif entry.kind == "float":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return f"expected a number, got a {type(value).__name__}"
+        value = float(value)
+        if not math.isfinite(value):
+            return "must be a finite number"
+    elif entry.kind == "switch":
+        return None if isinstance(value, bool) else f"expected True or False, got a {type(value).__name__}"
+    elif entry.kind == "choice":
+        return None if isinstance(value, str) and value in entry.choices else \
+            f"choose one of {', '.join(map(str, entry.choices))}"
+    elif entry.kind == "list":
+        if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+            return f"expected a sequence of numbers, got a {type(value).__name__}"
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, numbers.Real) or not math.isfinite(float(item)):
+                return f"expected finite numbers, got {item!r}"
+            if entry.range is not None and (problem := entry.range.problem(float(item))):
+                return f"{problem}, got {item!r}"
+        return None
+    if entry.range is not None and entry.kind in ("int", "float"):
+        return entry.range.problem(value)
+    return None
+
+
+def check_arguments(table: dict[str, Arg], values: dict[str, Any], error: type[Exception] = ValueError) -> None:
+    """Every argument of ``values`` that ``table`` names, by its entry; None is 'not given' (the default decides).
+    Raises ``error("NAME=VALUE: must be ...")`` for the first one outside its entry."""
+    from vit5_sit.common.checks import shown
+
+    for name, entry in table.items():
+        if name in values and values[name] is not None and (problem := value_problem(values[name], entry)):
+            raise error(f"{name}={shown(values[name], quote=isinstance(values[name], str))}: {problem}")
 
 
 def contract_for(command: str, name: str) -> Arg | None:

@@ -196,6 +196,7 @@ def open_images(source) -> ImageSource:
     keys = _npz_keys(path)
     if "arr_0" not in keys:
         raise EvalError(f"no images found in {path}: it has no arr_0 (keys: {', '.join(keys) or 'none'})")
+    _check_members(path, ["arr_0"], "give an .npz with arr_0 uint8 N x H x W x 3, as sample.py writes")
     return NpzImages(path)
 
 
@@ -229,6 +230,94 @@ class Reference:
         return self.images.num_images if self.images is not None else None
 
 
+# The contract of a reference .npz: every field it may hold, its dtype kinds (numpy's: f float, i/u integer,
+# U/S text) and shape (None: any length). A file is checked whole when it is opened, each member's header before
+# its data is read: no object or pickled arrays (np.load runs with allow_pickle=False), no complex or integer
+# statistics, no shape other than these, no header that declares more data than the file holds.
+REFERENCE_FIELDS: dict[str, tuple[str, tuple[int | None, ...]]] = {
+    "mu": ("f", (POOL_DIM,)),                      # FID: mean of the pool3 features
+    "sigma": ("f", (POOL_DIM, POOL_DIM)),          # FID: their covariance (symmetric, PSD)
+    "mu_s": ("f", (SPATIAL_DIM,)),                 # sFID: mean of the mixed_6/conv features
+    "sigma_s": ("f", (SPATIAL_DIM, SPATIAL_DIM)),  # sFID: their covariance (symmetric, PSD)
+    "features": ("f", (None, POOL_DIM)),           # precision / recall / KID
+    "arr_0": ("u", (None, None, None, 3)),         # the images (uint8; `_check_layout` says so by name)
+    "arr_1": ("iu", (None,)),                      # ADM's labels (not read)
+    "num_images": ("iu", ()),
+    "inception_weights": ("US", ()),
+    "source": ("US", ()),
+    "format": ("US", ()),
+}
+COVARIANCES = ("sigma", "sigma_s")
+# A covariance must be symmetric within SYMMETRY_TOL and positive semi-definite within PSD_TOL, both relative to
+# its largest variance: np.cov's rounding stays orders of magnitude below, a damaged or made-up matrix does not
+# (a negative-definite sigma_s gave an sFID of -1609).
+SYMMETRY_TOL = 1e-6
+PSD_TOL = 1e-6
+
+
+def _member_problem(zf: zipfile.ZipFile, key: str) -> str | None:
+    """Why member ``key`` of an .npz cannot be one of REFERENCE_FIELDS, from its header alone, or None."""
+    info = zf.getinfo(key + ".npy")
+    try:
+        with zf.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                return f"{key} uses .npy format version {version}"
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        return f"{key} has no readable .npy header ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    if dtype.hasobject:
+        return f"{key} holds Python objects (a pickle), which are never loaded"
+    kinds, want = REFERENCE_FIELDS[key]
+    if dtype.kind not in kinds:
+        what = {"c": "complex numbers", "b": "booleans", "O": "objects"}.get(dtype.kind, f"dtype {dtype}")
+        need = {"f": "real floating-point numbers", "u": "uint8 images", "iu": "integers", "US": "text"}[kinds]
+        return f"{key} holds {what}; it must hold {need}"
+    if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+        shown = "(" + ", ".join("N" if w is None else str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
+        return f"{key} has shape {tuple(shape)}; it must be {shown}"
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if declared > info.file_size:
+        return (f"{key}'s header declares {tuple(shape)} {dtype} ({declared:,} bytes), more than the file holds "
+                f"({info.file_size:,}): the file is damaged")
+    return None
+
+
+REBUILD = "rebuild the reference with python eval_fid.py ref --data <images> --out <ref.npz>"
+
+
+def _check_members(path: Path, keys: list[str], fix: str = REBUILD) -> None:
+    """Every member of REFERENCE_FIELDS in the file, checked from its header before anything is read."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for key in keys:
+                if key in REFERENCE_FIELDS and (problem := _member_problem(zf, key)):
+                    raise EvalError(f"{path}: {problem}; {fix}")
+    except zipfile.BadZipFile as e:
+        raise EvalError(f"not a valid .npz file: {path}") from e
+
+
+def covariance_problem(name: str, sigma: np.ndarray) -> str | None:
+    """Why ``sigma`` is no covariance matrix (not symmetric, not positive semi-definite, within the stated
+    tolerances), or None."""
+    scale = float(np.abs(np.diag(sigma)).max(initial=0.0))
+    if scale == 0.0:
+        return f"its {name} is all zeros on the diagonal: no covariance of real images"
+    asymmetry = float(np.abs(sigma - sigma.T).max())
+    if asymmetry > SYMMETRY_TOL * scale:
+        return (f"its {name} is not symmetric (entries differ from their transpose by up to {asymmetry:.3g}, more "
+                f"than {SYMMETRY_TOL:g} of its largest variance)")
+    try:
+        np.linalg.cholesky(sigma + PSD_TOL * scale * np.eye(len(sigma)))
+    except np.linalg.LinAlgError:
+        return (f"its {name} is not positive semi-definite (it has an eigenvalue below -{PSD_TOL:g} of its largest "
+                "variance): no covariance matrix")
+    return None
+
+
 def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None,
                       mu_s: np.ndarray | None = None, sigma_s: np.ndarray | None = None) -> None:
     if mu.shape != (POOL_DIM,) or sigma.shape != (POOL_DIM, POOL_DIM):
@@ -248,6 +337,10 @@ def _check_statistics(path: Path, mu: np.ndarray, sigma: np.ndarray, features: n
         if value is not None and not np.isfinite(value).all():
             raise EvalError(f"{path}: its {name} holds NaN or inf; rebuild the reference with "
                             "python eval_fid.py ref --data <images> --out <ref.npz>")
+    for name, value in (("sigma", sigma), ("sigma_s", sigma_s)):
+        if value is not None and (problem := covariance_problem(name, value)):
+            raise EvalError(f"{path}: {problem}; rebuild the reference with python eval_fid.py ref --data <images> "
+                            "--out <ref.npz>")
 
 
 def open_reference(source) -> Reference:
@@ -263,6 +356,7 @@ def open_reference(source) -> Reference:
     if path.is_dir():
         return Reference(str(path), images=FolderImages(path))
     keys = _npz_keys(path)
+    _check_members(path, keys)
     if "mu" in keys and ("sigma" in keys or "features" in keys):
         with np.load(path, allow_pickle=False) as data:
             features = data["features"] if "features" in keys else None

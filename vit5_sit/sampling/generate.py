@@ -72,7 +72,30 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
             raise ValueError(f"a tolerance is for adaptive ODE solvers ({', '.join(ODE_ADAPTIVE)}), not "
                              f"{fields['mode']} {fields['method']!r}: add --method dopri5 or leave the tolerance out")
         fields["atol"] = fields["rtol"] = tol
+    if grid is not None and fields["mode"] == "ode" and fields["method"] in ODE_ADAPTIVE:
+        raise ValueError(f"a time grid is for fixed-step methods, not {fields['method']!r}, which chooses its own "
+                         "steps: leave the grid out, or add a fixed-step --method (euler, heun, dpm++2m)")
     return SamplerConfig(**fields)
+
+
+class SamplerMismatch(ValueError):
+    """A MeanFlow model asked for a flow sampler, or a flow model for the MeanFlow one."""
+
+
+def check_model_sampler(model_cfg, sampler: SamplerConfig, scheduler=None) -> None:
+    """The one rule between a model and its sampler: a MeanFlow model (``model_cfg.mean_flow``) samples with
+    mode 'meanflow' (its average-velocity steps) and nothing else; a flow model with anything but it."""
+    mean_flow = bool(getattr(model_cfg, "mean_flow", False))
+    if mean_flow and (sampler.mode != "meanflow" or scheduler is not None):
+        asked = "a diffusers scheduler" if scheduler is not None else f"the {sampler.mode} sampler"
+        raise SamplerMismatch(
+            f"{asked} was asked of a MeanFlow model, which predicts average velocities and samples with its own "
+            "steps: use --sampler meanflow (sampler.mode=meanflow), 1 step by default, --steps k for k")
+    if not mean_flow and sampler.mode == "meanflow":
+        raise SamplerMismatch(
+            "the meanflow sampler was asked of a flow model (trained with train.objective=flow, no interval "
+            "input): use an ODE or SDE sampler (--sampler ode / sde), or a model trained with "
+            "train.objective=meanflow")
 
 
 class HalfPrecisionCalls:
@@ -114,6 +137,7 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     if len(classes) == 0:
         raise ValueError("no images to sample: give at least one class label")
     _check_batch_size(batch_size)
+    check_model_sampler(model.cfg, sampler, scheduler)
     for s in seeds:  # all of them before the first batch, not at the batch that holds a bad one
         check_seeds(s)
     device = torch.device(device)
@@ -127,8 +151,8 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     if on_step is not None:
         guided = net
 
-        def net(x_t, t, y):
-            out = guided(x_t, t, y)
+        def net(x_t, t, y, **kw):
+            out = guided(x_t, t, y, **kw)
             on_step()
             return out
     if isinstance(vae, str | Path):
@@ -160,6 +184,8 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
 
 def steps_per_batch(sampler: SamplerConfig) -> int | None:
     """Network evaluations of one batch (a guided call counts once); None for adaptive ODE solvers."""
+    if sampler.mode == "meanflow":
+        return sampler.steps
     if sampler.mode == "ode":
         if sampler.method not in FIXED_STEP_METHODS:
             return None
@@ -352,6 +378,7 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
 
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples}: must be at least 1")
+    check_model_sampler(model.cfg, sampler)
     if part_size < 1:
         raise ValueError(f"part_size={part_size}: must be at least 1")
     _check_batch_size(batch_size)

@@ -14,7 +14,11 @@ not diffusers' x = (1 - s) x_data + s noise, and our own solvers (``method='dpm+
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+
+from vit5_sit.common.contract import Range
 
 from .samplers import SampleResult
 from .transport import Transport
@@ -29,6 +33,16 @@ FLOW_MODE_SCHEDULERS = ("DPMSolverMultistepScheduler", "UniPCMultistepScheduler"
 
 class SchedulerError(ValueError):
     """A scheduler that cannot serve this model; the message names it and the fix."""
+
+
+# The contract of a scheduler's config: the fields that decide its sigmas, checked before it is used (diffusers
+# itself fails inside set_timesteps, or returns sigmas outside [0, 1]: shift=-1 drove times to -4 and 5).
+SCHEDULER_FIELDS: dict[str, Range] = {
+    "num_train_timesteps": Range(2, 10**7, why="its sigmas come from a grid of that many training steps; "
+                                                  "diffusers' flow schedulers use 1000"),
+    "shift": Range(0.0, 1e3, lo_open=True, why="SD3's time shift; 1 = none"),
+    "flow_shift": Range(0.0, 1e3, lo_open=True, why="SD3's time shift; 1 = none"),
+}
 
 
 def make_scheduler(name: str, shift: float = 1.0):
@@ -62,6 +76,20 @@ def check_scheduler(scheduler, transport: Transport) -> None:
     if name not in (*FLOW_MODE_SCHEDULERS, "FlowMatchEulerDiscreteScheduler") and "flow" not in name.lower():
         raise SchedulerError(f"{name} is not a flow-matching scheduler: use FlowMatchEulerDiscreteScheduler, or "
                              "DPMSolverMultistepScheduler / UniPCMultistepScheduler with use_flow_sigmas=True")
+    for key, bound in SCHEDULER_FIELDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise SchedulerError(f"{name}'s {key}={value!r}: expected a number {bound.describe()}")
+        if key == "num_train_timesteps" and not float(value).is_integer():
+            raise SchedulerError(f"{name}'s {key}={value!r}: expected a whole number")
+        if (problem := bound.problem(value)) is not None:
+            raise SchedulerError(f"{name}'s {key}={value!r}: {problem}; build it again with another {key}")
+    if config.get("use_dynamic_shifting"):
+        raise SchedulerError(f"{name} has use_dynamic_shifting=True, which takes its shift from an image sequence "
+                             "length that class-conditional models do not have; build it with use_dynamic_shifting="
+                             "False and a fixed shift")
     if config.get("stochastic_sampling") or str(config.get("algorithm_type", "")).startswith("sde"):
         raise SchedulerError(f"{name} is configured to sample stochastically, which cannot be seeded per sample; "
                              "use its deterministic variant")
@@ -73,6 +101,9 @@ def sample_with_scheduler(model_fn, noise: torch.Tensor, y, transport: Transport
     check_scheduler(scheduler, transport)
     scheduler.set_timesteps(steps, device=noise.device)
     sigmas = scheduler.sigmas.to(torch.float64).cpu()
+    if not bool(torch.isfinite(sigmas).all()) or float(sigmas.min()) < 0 or float(sigmas.max()) > 1:
+        raise SchedulerError(f"{type(scheduler).__name__} gave sigmas outside [0, 1] ({float(sigmas.min()):g} to "
+                             f"{float(sigmas.max()):g}): times outside the path; check its shift and sigma settings")
     t_lo, t_hi = transport.interval()  # velocity models: [0, 1]; score / noise ones stop short of the ends
     x, calls = noise, 0
     with torch.no_grad():

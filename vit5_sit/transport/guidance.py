@@ -7,6 +7,8 @@ from numbers import Real
 
 import torch
 
+from vit5_sit.common.contract import MAX_GUIDANCE
+
 
 class GuidanceError(ValueError):
     """Guidance asked of a model that has no unconditional (null) label."""
@@ -26,9 +28,15 @@ def check_guidance_settings(scale: float, interval=(0.0, 1.0), scale_name: str =
     """The one rule for a guidance scale and interval, named as the caller's user wrote them (a CLI passes its
     flags, e.g. ``--cfg-scale``): scale >= 0 (1 = none, 0 = unconditional), 0 <= low <= high <= 1."""
     number = isinstance(scale, Real) and not isinstance(scale, bool)  # numpy scalars too
-    if not number or not math.isfinite(scale) or scale < 0:
+    if number and not math.isfinite(scale):
+        raise GuidanceError(f"{scale_name} {float(scale):g}: not a finite number; give a scale >= 0 (1 = no "
+                            "guidance, 0 = unconditional)")
+    if not number or scale < 0:
         shown = f"{float(scale):g}" if number else repr(scale)
         raise GuidanceError(f"{scale_name} {shown}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    if scale > MAX_GUIDANCE:
+        raise GuidanceError(f"{scale_name} {float(scale):g}: at most {MAX_GUIDANCE:g} (SiT and DiT use 1.5-4; far "
+                            "larger scales only overflow the sampler)")
     try:
         low, high = (float(v) for v in interval)
     except (TypeError, ValueError):
@@ -68,14 +76,19 @@ class ClassifierFreeGuidance:
         self.model, self.scale, self.null_class = model, float(scale), int(null_class)
         self.low, self.high, self.channels = float(low), float(high), channels
 
-    def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                 interval: torch.Tensor | None = None) -> torch.Tensor:
+        """interval: a MeanFlow model's interval lengths (B,), passed on (None: a flow model's call)."""
+        kw = {} if interval is None else {"interval": interval}
         guided = (t >= self.low) & (t <= self.high)  # (B,)
         if self.scale == 1.0 or not bool(guided.any()):
-            return self.model(x, t, y)
+            return self.model(x, t, y, **kw)
         n = x.shape[0]
         # Conditional batch, then the unconditional copies of the guided samples, in one forward.
         null = torch.full_like(y[guided], self.null_class)
-        out = self.model(torch.cat([x, x[guided]]), torch.cat([t, t[guided]]), torch.cat([y, null]))
+        if interval is not None:
+            kw = {"interval": torch.cat([interval, interval[guided]])}
+        out = self.model(torch.cat([x, x[guided]]), torch.cat([t, t[guided]]), torch.cat([y, null]), **kw)
         cond, uncond = out[:n], out[n:]
         c = slice(None) if self.channels is None else slice(0, self.channels)
         mixed = cond.clone()

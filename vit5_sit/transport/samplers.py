@@ -22,12 +22,15 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
+from vit5_sit.common.contract import MAX_STEPS
 from vit5_sit.common.utils import check_choice
 
+from .meanflow import meanflow_sample
 from .solvers import GRIDS, MULTISTEP_ORDERS, dpm_solver_pp, time_grid
 from .transport import Transport, expand_like
 
-MODES = ("ode", "sde")
+MODES = ("ode", "sde", "meanflow")  # meanflow: a MeanFlow model's average-velocity steps (transport/meanflow.py)
+MEANFLOW_METHODS = ("euler",)  # x_{t+d} = x_t + d U(x_t, t, d): the only MeanFlow step
 SDE_METHODS = ("euler", "heun")  # 'euler' = Euler-Maruyama
 MULTISTEP_METHODS = tuple(MULTISTEP_ORDERS)  # DPM-Solver++ multistep: ODE only, one NFE a step
 ODE_FIXED = ("euler", "heun", *MULTISTEP_METHODS)
@@ -37,9 +40,13 @@ DIFFUSION_FORMS = ("constant", "sbdm", "sigma", "linear", "decreasing", "increas
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 
 
+class SolverError(ValueError):
+    """An adaptive solver that could not meet its tolerance; the message names the settings to change."""
+
+
 @dataclass
 class SamplerConfig:
-    mode: str = "ode"  # 'ode' (probability flow, deterministic) | 'sde'
+    mode: str = "ode"  # 'ode' (probability flow, deterministic) | 'sde' | 'meanflow' (MeanFlow models only)
     method: str = "euler"  # ode: 'euler' | 'heun' | 'dpm++2m' | 'dpm++3m' | 'dopri5' | ...; sde: 'euler' | 'heun'
     steps: int = 50  # fixed-step methods: number of steps (ignored by adaptive ones)
     grid: str = "uniform"  # fixed-step methods: where the steps go: 'uniform' | 'shift' | 'logsnr' | 'edm'
@@ -54,10 +61,13 @@ class SamplerConfig:
 
     def __post_init__(self):
         check_choice("SamplerConfig.mode", self.mode, MODES)
-        methods = ODE_FIXED + ODE_ADAPTIVE if self.mode == "ode" else SDE_METHODS
+        methods = {"ode": ODE_FIXED + ODE_ADAPTIVE, "sde": SDE_METHODS, "meanflow": MEANFLOW_METHODS}[self.mode]
         check_choice(f"SamplerConfig(mode={self.mode!r}).method", self.method, methods)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"SamplerConfig.steps={self.steps!r} must be a positive integer")
+        if self.steps > MAX_STEPS:  # before the time grid is allocated (1e9 steps: 8 GB)
+            raise ValueError(f"SamplerConfig.steps={self.steps:,}: at most {MAX_STEPS:,} (SiT's best sampler takes "
+                             "250, and the time grid is allocated before sampling)")
         check_choice("SamplerConfig.grid", self.grid, GRIDS)
         if isinstance(self.shift, bool) or not isinstance(self.shift, int | float) or not 0 < self.shift < math.inf:
             raise ValueError(f"SamplerConfig.shift={self.shift!r} must be a number > 0 (1 = the uniform grid)")
@@ -84,10 +94,13 @@ def sample(model_fn, noise, y, transport: Transport, cfg: SamplerConfig, rng=Non
     samplers use no randomness."""
     calls = [0]
 
-    def counted(x, t, y_):
+    def counted(x, t, y_, **kw):
         calls[0] += 1
-        return model_fn(x, t, y_)
+        return model_fn(x, t, y_, **kw)
 
+    if cfg.mode == "meanflow":
+        with torch.no_grad():
+            return SampleResult(meanflow_sample(counted, noise, y, cfg.steps), calls[0])
     if cfg.mode == "sde":
         sampler = sde_euler_maruyama if cfg.method == "euler" else sde_heun
     elif cfg.method in MULTISTEP_METHODS:
@@ -207,7 +220,15 @@ def ode_adaptive(model_fn, noise, y, transport, cfg, rng=None):
     t_span = torch.tensor([t0, t1], dtype=noise.dtype, device=noise.device)
     # step_t: land the last step exactly on t1 rather than step past it and interpolate back.
     options = {"step_t": t_span[1:]}
-    return odeint(f, noise, t_span, method=cfg.method, atol=cfg.atol, rtol=cfg.rtol, options=options)[-1]
+    try:
+        return odeint(f, noise, t_span, method=cfg.method, atol=cfg.atol, rtol=cfg.rtol, options=options)[-1]
+    except AssertionError as e:  # torchdiffeq's 'underflow in dt ...': the step size fell below float precision
+        if "underflow" not in str(e):
+            raise
+        raise SolverError(f"{cfg.method} could not keep atol={cfg.atol:g} rtol={cfg.rtol:g}: its step size "
+                          "underflowed (the tolerance is below what float32 holds, or the guidance scale makes the "
+                          "velocity blow up); loosen the tolerance (sample.py --tol 1e-5, sampler.atol/rtol) or "
+                          "lower the guidance scale") from None
 
 
 # SDE samplers.

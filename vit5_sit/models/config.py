@@ -39,6 +39,8 @@ class ModelConfig:
     layer_scale_init: float | None = None   # LayerScale init value on both branches; None = off
     gate_init: float = 0.0                  # initial bias of the adaLN gates; 0 = adaLN-Zero (SiT, ViT-5)
     mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
+    mean_flow: bool = False                 # MeanFlow: a second timestep embedder for the interval length
+                                            # (`interval_embedder`), summed into the adaLN conditioning
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
@@ -48,7 +50,7 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
-        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma"):
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)

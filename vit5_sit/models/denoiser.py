@@ -41,7 +41,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit5_sit.models.config import ModelConfig
-from vit5_sit.models.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, SwiGLU, TimestepEmbedder
+from vit5_sit.models.layers import (
+    DiTBlock,
+    FinalLayer,
+    LabelEmbedder,
+    PatchEmbed,
+    SwiGLU,
+    TimestepEmbedder,
+    forward_ad_ops,
+)
 from vit5_sit.models.positions import Rope, grid_positions, rope_angles_2d, rope_tables, sincos_pos_embed_2d
 
 INIT_STD = 0.02                 # N(0, 0.02) for the label table, timestep MLP and register tokens
@@ -76,6 +84,9 @@ class Denoiser(nn.Module):
 
         self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, D)
         self.t_embedder = TimestepEmbedder(D)
+        # MeanFlow: the interval length t - r of the average velocity gets its own embedder, summed into the
+        # conditioning (the paper's ImageNet choice, (t, t - r)): at interval 0 the model is a flow model.
+        self.interval_embedder = TimestepEmbedder(D) if cfg.mean_flow else None
         self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
         if cfg.pos_embed != "none":
             self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
@@ -121,6 +132,9 @@ class Denoiser(nn.Module):
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=INIT_STD)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=INIT_STD)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=INIT_STD)
+        if self.interval_embedder is not None:
+            nn.init.normal_(self.interval_embedder.mlp[0].weight, std=INIT_STD)
+            nn.init.normal_(self.interval_embedder.mlp[2].weight, std=INIT_STD)
 
         # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
         # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
@@ -197,11 +211,15 @@ class Denoiser(nn.Module):
         """The unconditional (classifier-free guidance) label id."""
         return self.cfg.null_label
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = ()):
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = (),
+                interval: torch.Tensor | None = None):
         """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W).
 
         return_hidden: block numbers k (1-based); then returns ``(out, {k: (B, T, D) patch tokens after
         block k})``.
+        interval: MeanFlow models (``cfg.mean_flow``) only: (B,) lengths d >= 0 of the time interval [t, t + d]
+        whose average velocity the model predicts (`vit5_sit.transport.meanflow`); None = 0, the instantaneous
+        velocity.
         """
         B, C, H, W = x.shape
         p = self.patch_size
@@ -223,6 +241,15 @@ class Denoiser(nn.Module):
             x = torch.cat([x, self.register_tokens.expand(B, -1, -1).to(x.dtype)], dim=1)  # (B, T + R, D)
         rope = self.rope_tables(grid_h, grid_w, x.device) if self.cfg.rope else None  # (T + R, hd / 2)
         c = self.t_embedder(t) + self.y_embedder(y)               # (B, D)
+        if self.interval_embedder is not None:
+            if interval is None:
+                interval = torch.zeros_like(t)
+            elif interval.ndim == 0:
+                interval = interval.expand(B)
+            c = c + self.interval_embedder(interval)              # (B, D)
+        elif interval is not None:
+            raise ValueError("interval= is for MeanFlow models (ModelConfig.mean_flow=True); this model predicts "
+                             "the instantaneous velocity only")
 
         hidden = {}
         for k, block in enumerate(self.blocks, start=1):
@@ -238,6 +265,14 @@ class Denoiser(nn.Module):
         if self.learn_sigma:
             x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
         return (x, hidden) if return_hidden else x
+
+
+    def jvp(self, primals: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tangents: tuple, y: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward-mode JVP of the output in (x, t, interval) for labels y: returns (output, d output) for the
+        tangents (dx, dt, d interval); through `torch.func.jvp` with the plain ops (`forward_ad_ops`)."""
+        with forward_ad_ops():
+            return torch.func.jvp(lambda x, t, d: self(x, t, y, interval=d), primals, tangents)
 
 
 DiT = Denoiser  # the former name (the official code's): old imports keep working

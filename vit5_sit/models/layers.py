@@ -3,7 +3,9 @@ block and the final layer. Module and parameter names are the official SiT ones 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,29 @@ from vit5_sit.models.positions import Rope, apply_rope
 NORM_EPS = 1e-6                 # LayerNorm / RMSNorm epsilon (official DiT/SiT and ViT-5)
 TIMESTEP_FREQ_DIM = 256         # sinusoidal frequencies of the timestep embedding (official SiT)
 TIMESTEP_MAX_PERIOD = 10000.0
+
+
+_FORWARD_AD = [0]  # > 0 while `forward_ad_ops()` is active (nesting depth)
+
+
+@contextlib.contextmanager
+def forward_ad_ops() -> Iterator[None]:
+    """Plain differentiable ops while a forward-mode JVP (``torch.func.jvp``) runs through the model.
+
+    Two fast paths have no forward-mode rule: the fused RMSNorm + RoPE autograd function (`_NormRotate`, a
+    hand-written backward only) and the CPU flash-attention kernel of ``F.scaled_dot_product_attention``.
+    Inside this context `norm_rotate` takes the plain ops (those CUDA and torch.compile use) and `Attention`
+    computes softmax(q k^T / sqrt(hd)) v explicitly: the same function, tested against finite differences
+    (tests/test_meanflow.py). `Denoiser.jvp` enters it; nothing else needs to."""
+    _FORWARD_AD[0] += 1
+    try:
+        yield
+    finally:
+        _FORWARD_AD[0] -= 1
+
+
+def forward_ad_active() -> bool:
+    return _FORWARD_AD[0] > 0
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -80,7 +105,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor | None = None, rope: Rope 
     Eager on the CPU: one fused autograd function (`_NormRotate`). On CUDA and under torch.compile: the plain
     differentiable ops (CUDA's fused rms_norm kernel; the compiler fuses the rest, and has no complex code
     generation for the eager rotation)."""
-    if x.is_cuda or torch.compiler.is_compiling():
+    if x.is_cuda or torch.compiler.is_compiling() or forward_ad_active():
         y = rms_norm(x.float(), eps)
         if weight is not None:
             y = y * weight.float()
@@ -206,7 +231,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         B, T, D = x.shape
         q, k, v = self.project(x, rope)
-        x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd), laid out (B, T, H, hd) in memory
+        if forward_ad_active():  # the math form: fused kernels have no forward-mode rule
+            attn = torch.softmax((q @ k.transpose(-2, -1)) * self.head_dim ** -0.5, dim=-1)  # (B, H, T, T)
+            x = attn.to(v.dtype) @ v
+        else:
+            x = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd), laid out (B, T, H, hd) in memory
         x = x.transpose(1, 2).reshape(B, T, D)  # a view for SDPA's output layout
         return self.proj(x)
 

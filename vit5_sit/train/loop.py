@@ -32,7 +32,7 @@ from vit5_sit.models import create_model
 from vit5_sit.train import preflight
 from vit5_sit.train.checkpoint import load_checkpoint, load_extra, save_checkpoint
 from vit5_sit.train.ema import EMA
-from vit5_sit.train.objective import Batch, Objective, StepRng, Trainee
+from vit5_sit.train.objective import Batch, MeanFlowObjective, Objective, StepRng, Trainee
 from vit5_sit.train.seeding import derive_seed
 from vit5_sit.train.strategy import FullState, Replicated, StrategyError, make_strategy
 from vit5_sit.transport import Transport
@@ -263,7 +263,11 @@ def _build(launch: Launch, start: Path | None) -> State:
     if tc.compile:
         model.compile()  # in place: parameter names (and so checkpoints) unchanged
     transport = Transport(cfg.transport)
-    objective = Objective(transport, mcfg.null_label, mcfg.class_dropout_prob, alignment, cfg.repa.weight)
+    if tc.objective == "meanflow":
+        objective = MeanFlowObjective(transport, mcfg.null_label, mcfg.class_dropout_prob, cfg.meanflow, alignment,
+                                      cfg.repa.weight)
+    else:
+        objective = Objective(transport, mcfg.null_label, mcfg.class_dropout_prob, alignment, cfg.repa.weight)
     state = State(net, optimizer, ema, objective, transport, vae)
     if start is not None:
         _resume(launch, state, start)

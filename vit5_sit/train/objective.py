@@ -17,6 +17,7 @@ from torch import nn
 from vit5_sit.models import Denoiser
 from vit5_sit.train.seeding import derive_seed
 from vit5_sit.transport import Transport
+from vit5_sit.transport.meanflow import MeanFlowConfig, draw_times, meanflow_loss, meanflow_target
 
 
 @dataclass
@@ -56,10 +57,11 @@ class Trainee(nn.Module):
         super().__init__()
         self.model, self.projector, self.depth = model, projector, depth
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor):
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None):
+        kw = {} if interval is None else {"interval": interval}  # MeanFlow's second time
         if self.projector is None:
-            return self.model(x_t, t, y), None
-        out, hidden = self.model(x_t, t, y, return_hidden=(self.depth,))
+            return self.model(x_t, t, y, **kw), None
+        out, hidden = self.model(x_t, t, y, return_hidden=(self.depth,), **kw)
         return out, self.projector(hidden[self.depth])  # (B, C, H, W), (B, T, z_dim)
 
 
@@ -98,3 +100,51 @@ class Objective:
             return {"loss": flow, "flow": flow}
         align = self.alignment(projected, x1)
         return {"loss": flow + self.alignment_weight * align, "flow": flow, "repa": align}
+
+
+def _bare_model(net: nn.Module) -> Denoiser:
+    """The `Denoiser` inside a (DDP-wrapped) `Trainee`: the JVP and the guidance passes need no gradient sync."""
+    while hasattr(net, "module"):
+        net = net.module
+    return net.model
+
+
+class MeanFlowObjective(Objective):
+    """MeanFlow (`vit5_sit.transport.meanflow`): the network's average velocity U(x_t, t, d) regressed on the
+    stop-gradient target v~ + d dU/dt, with the adaptive weight; guidance trained in when the config says so.
+
+    Draws, per step and for the whole global batch (like `Objective`): (t, d) (`draw_times`), noise, label
+    dropout. The target's JVP and guidance passes run on the bare model without gradient; the prediction with
+    gradient goes through ``net`` (so DDP synchronises it) with the fast kernels. Returns {"loss", "mse"}: mse
+    is the unweighted squared error per element, the number to watch (the weighted loss is ~1 by design)."""
+
+    def __init__(self, transport: Transport, null_label: int, label_dropout: float, cfg: MeanFlowConfig,
+                 alignment=None, alignment_weight: float = 0.0) -> None:
+        super().__init__(transport, null_label, label_dropout, alignment, alignment_weight)
+        self.cfg = cfg
+
+    def draw(self, rng: StepRng, sample_shape: tuple[int, ...]):
+        """(t, d, noise, drop) of the micro-batch."""
+        g = rng.generator()
+        t, d = draw_times(rng.global_batch, self.cfg, generator=g)
+        noise = torch.randn((rng.global_batch, *sample_shape), generator=g)
+        drop = torch.rand(rng.global_batch, generator=g) < self.label_dropout
+        return t[rng.rows], d[rng.rows], noise[rng.rows], drop[rng.rows]
+
+    def __call__(self, net: nn.Module, batch: Batch, rng: StepRng) -> dict[str, torch.Tensor]:
+        x1 = batch.x1
+        t, d, noise, drop = self.draw(rng, tuple(x1.shape[1:]))
+        if t.shape[0] != x1.shape[0]:
+            raise ValueError(f"the batch has {x1.shape[0]} samples but the step's draw gives {t.shape[0]}")
+        y = self.drop_labels(batch.y, drop)
+        x0, t, d = noise.to(x1), t.to(x1), d.to(x1)
+        x_t, v = self.transport.interpolate(x0, x1, t)  # linear path: x_t = t x1 + (1 - t) x0, v = x1 - x0
+        target = meanflow_target(_bare_model(net), x_t, t, d, y, v, drop.to(y.device), self.null_label, self.cfg)
+        pred, projected = net(x_t, t, y, interval=d)
+        weighted, mse = meanflow_loss(pred, target, self.cfg)
+        loss = weighted.mean()
+        terms = {"loss": loss, "mse": mse.mean()}
+        if self.alignment is not None:
+            align = self.alignment(projected, x1)
+            terms.update(loss=loss + self.alignment_weight * align, repa=align)
+        return terms

@@ -2,6 +2,7 @@
 
 from .guidance import ClassifierFreeGuidance, GuidanceError, check_guidance, check_guidance_settings
 from .likelihood import NLLEstimate, nll_bits_per_dim, nll_estimate
+from .meanflow import MeanFlowConfig, meanflow_sample
 from .rng import SEED_LIMIT, SeedError, StackedRandomGenerator, check_seeds
 from .samplers import SamplerConfig, SampleResult, diffusion, sample
 from .solvers import GRIDS, dpm_solver_pp, time_grid
@@ -11,6 +12,7 @@ __all__ = [
     "ClassifierFreeGuidance",
     "GRIDS",
     "GuidanceError",
+    "MeanFlowConfig",
     "NLLEstimate",
     "SEED_LIMIT",
     "SampleResult",
@@ -24,6 +26,7 @@ __all__ = [
     "check_seeds",
     "diffusion",
     "dpm_solver_pp",
+    "meanflow_sample",
     "nll_bits_per_dim",
     "nll_estimate",
     "sample",

@@ -1,0 +1,105 @@
+"""What a MeanFlow training step costs against a flow-matching step, side by side (issue 43).
+
+Each preset trains with both objectives of `vit5_sit.train.objective` (the same data batch, AdamW step
+included): `Objective` (flow matching) and `MeanFlowObjective` (the JVP target on the share of the batch with an
+interval, the guidance pass when guidance is trained in, then forward + backward). Steps are interleaved
+(flow, MeanFlow, flow, ...) and the median reported, so a busy machine slows both alike; on the CPU the table
+also gives the process CPU time per step (with --threads 1, the compute time of the step). The ratio is what
+the MeanFlow runs' step budget is set from: equal training CPU time, not equal steps.
+
+    python benchmarks/bench_meanflow.py --presets SiTRoPE-T/4 ViT5G-T/4 --threads 1 --iters 8
+    python benchmarks/bench_meanflow.py --presets SiT-XL/2 ViT5G-XL/2 --input-size 32 --channels 4 \\
+        --batch-size 32 --bf16 --compile   # GPU (benchmarks/run_gpu.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vit5_sit.models import create_model  # noqa: E402
+from vit5_sit.train.objective import Batch, MeanFlowObjective, Objective, StepRng, Trainee  # noqa: E402
+from vit5_sit.transport import MeanFlowConfig, Transport, TransportConfig  # noqa: E402
+
+WARMUP = 2
+
+
+def build(name: str, objective: str, args: argparse.Namespace):
+    torch.manual_seed(0)
+    model = create_model(name, input_size=args.input_size, in_channels=args.channels, num_classes=args.classes,
+                         mean_flow=objective == "meanflow").to(args.device).train()
+    if args.compile:
+        model.compile()
+    net = Trainee(model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    transport = Transport(TransportConfig())
+    if objective == "meanflow":
+        obj = MeanFlowObjective(transport, model.null_label, 0.1, MeanFlowConfig(guidance_scale=args.guidance))
+    else:
+        obj = Objective(transport, model.null_label, 0.1)
+    return net, opt, obj
+
+
+def step(net, opt, obj, batch: Batch, i: int, args) -> None:
+    rng = StepRng(0, i, args.batch_size, slice(0, args.batch_size))
+    autocast = (torch.autocast(args.device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext())
+    with autocast:
+        loss = obj(net, batch, rng)["loss"]
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if args.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", default=["SiTRoPE-T/4", "ViT5G-T/4"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--input-size", type=int, default=32)
+    p.add_argument("--channels", type=int, default=1)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--guidance", type=float, default=3.0, help="guidance trained in (1 = none)")
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(args.batch_size, args.channels, args.input_size, args.input_size, generator=g)
+    batch = Batch(x1.to(args.device), torch.randint(0, args.classes, (args.batch_size,), generator=g).to(args.device))
+    print(f"device {args.device}, threads {torch.get_num_threads()}, batch {args.batch_size}, "
+          f"{args.input_size}x{args.input_size}x{args.channels}, guidance {args.guidance:g}, "
+          f"{'bf16' if args.bf16 else 'fp32'}, {'compiled' if args.compile else 'eager'}, {args.iters} steps each")
+    print("| preset | flow ms/step | MeanFlow ms/step | ratio (wall) | flow CPU ms | MeanFlow CPU ms | ratio (CPU) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.presets:
+        runs = {k: build(name, k, args) for k in ("flow", "meanflow")}
+        wall: dict[str, list[float]] = {k: [] for k in runs}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
+        for i in range(WARMUP + args.iters):
+            for k, (net, opt, obj) in runs.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                step(net, opt, obj, batch, i, args)
+                if i >= WARMUP:
+                    wall[k].append(1000 * (time.perf_counter() - w0))
+                    cpu[k].append(1000 * (time.process_time() - c0))
+        fw, mw = statistics.median(wall["flow"]), statistics.median(wall["meanflow"])
+        fc, mc = statistics.median(cpu["flow"]), statistics.median(cpu["meanflow"])
+        print(f"| {name} | {fw:.0f} | {mw:.0f} | {mw / fw:.2f}x | {fc:.0f} | {mc:.0f} | {mc / fc:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

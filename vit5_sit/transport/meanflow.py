@@ -1,0 +1,146 @@
+"""MeanFlow (Geng, Deng, Bai, Kolter, He 2025, arXiv 2505.13447): the average velocity, its training target and
+the one- or few-step sampler, in this project's time convention.
+
+The paper writes z_t = (1 - t) x + t e (t = 0 data, t = 1 noise) and v = e - x. Here, as everywhere in the
+package (SiT), x_t = t x1 + (1 - t) x0 with t = 1 the data and the velocity u = x1 - x0. The one mapping, made
+here and nowhere else (tests/test_meanflow.py checks it):
+
+    our t = 1 - paper t,    our velocity = - paper velocity,    interval d = paper (t - r) >= 0.
+
+The network predicts the average of our velocity over [t, t + d] (from the noisier time t toward the data):
+
+    U(x_t, t, d) = 1/d * integral from t to t + d of v(x_s, s) ds,   so  x_{t + d} = x_t + d U(x_t, t, d),
+
+and at d = 0 it is the instantaneous velocity (a flow model). The MeanFlow identity, with t + d held fixed:
+
+    U = v + d * dU/dt,   dU/dt = v . d_x U + d_t U - d_d U     (one JVP, tangent (v, 1, -1) in (x, t, d)),
+
+the paper's u = v - (t - r) du/dt, tangent (v, 0, 1) in (z, r, t), after the mapping. One-step sampling:
+x1 = x0 + U(x0, 0, 1); k steps on the uniform grid t_i = i / k: x_{t_{i+1}} = x_{t_i} + (t_{i+1} - t_i) U.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class MeanFlowConfig:
+    """The objective's settings (the paper's ImageNet values, Table 4 / ablations of Table 1, in our time)."""
+
+    ratio: float = 0.25                    # share of the batch with an interval d > 0 (paper: 25% r != t); the
+                                           # rest has d = 0, plain flow matching
+    time_mean: float = 0.4                 # logit-normal times: t = sigmoid(mean + std n); the paper's
+    time_std: float = 1.0                  # lognorm(-0.4, 1.0) in its time is (0.4, 1.0) here (t = 1 data)
+    adaptive_p: float = 1.0                # loss weight 1 / (||error||^2 + c)^p (paper: p = 1); 0 = plain L2
+    adaptive_c: float = 1e-3
+    guidance_scale: float = 1.0            # guidance trained in (the paper's effective w'); 1 = none
+    guidance_mix: float = 0.0              # the paper's kappa: share of the model's own conditional output
+    guidance_interval: list[float] = field(default_factory=lambda: [0.0, 1.0])  # our t where guidance is
+                                           # trained in (the paper's XL/2 [0, 0.75] in its t is [0.25, 1] here)
+
+    def __post_init__(self) -> None:
+        def number(name, lo, hi, lo_open=False, hi_open=False):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"meanflow.{name}={v!r}: must be a finite number")
+            if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+                raise ValueError(f"meanflow.{name}={v!r}: must be in {'(' if lo_open else '['}{lo:g}, "
+                                 f"{hi:g}{')' if hi_open else ']'}")
+        number("ratio", 0.0, 1.0)
+        number("time_mean", -10.0, 10.0)
+        number("time_std", 0.0, 10.0, lo_open=True)
+        number("adaptive_p", 0.0, 4.0)
+        number("adaptive_c", 0.0, 1e6, lo_open=True)
+        number("guidance_scale", 0.0, 100.0)
+        number("guidance_mix", 0.0, 1.0, hi_open=True)
+        iv = self.guidance_interval
+        if (not isinstance(iv, list | tuple) or len(iv) != 2
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in iv)
+                or not 0.0 <= iv[0] <= iv[1] <= 1.0):
+            raise ValueError(f"meanflow.guidance_interval={iv!r}: expected [LOW, HIGH] with 0 <= LOW <= HIGH <= 1 "
+                             "(t: 0 = noise, 1 = data)")
+
+    @property
+    def guided(self) -> bool:
+        return float(self.guidance_scale) != 1.0
+
+
+def draw_times(n: int, cfg: MeanFlowConfig, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, d), each (n,): two logit-normal times per sample, t the noisier (smaller) one and d the distance to
+    the other; d = 0 for a share 1 - ratio of the batch (the paper's r = t)."""
+    a = torch.sigmoid(cfg.time_mean + cfg.time_std * torch.randn(n, generator=generator))
+    b = torch.sigmoid(cfg.time_mean + cfg.time_std * torch.randn(n, generator=generator))
+    keep = torch.rand(n, generator=generator) < cfg.ratio
+    t = torch.minimum(a, b)
+    d = torch.where(keep, torch.maximum(a, b) - t, torch.zeros_like(t))
+    return t, d
+
+
+def guided_velocity(v: torch.Tensor, cond: torch.Tensor | None, uncond: torch.Tensor, cfg: MeanFlowConfig
+                    ) -> torch.Tensor:
+    """The paper's guided field w v + kappa u(.|c) + (1 - w - kappa) u(.|null), with w = w' (1 - kappa): the
+    network's own instantaneous predictions (d = 0) stand in for the fields it cannot see."""
+    kappa = float(cfg.guidance_mix)
+    w = float(cfg.guidance_scale) * (1 - kappa)
+    out = w * v + (1 - w - kappa) * uncond
+    return out if cond is None or kappa == 0 else out + kappa * cond
+
+
+def meanflow_target(model, x_t: torch.Tensor, t: torch.Tensor, d: torch.Tensor, y: torch.Tensor,
+                    v: torch.Tensor, dropped: torch.Tensor, null_label: int, cfg: MeanFlowConfig
+                    ) -> torch.Tensor:
+    """sg(U_tgt) = v~ + d * dU/dt for each sample, without gradient. v~ is the conditional velocity v, guided
+    (`guided_velocity`) where guidance is trained in: not for dropped labels (they learn the unconditional
+    field) and only for t in the guidance interval. The JVP runs only over the samples with d > 0 (the target
+    of the others is v~ itself). ``model``: the bare `Denoiser` (it has `jvp`)."""
+    with torch.no_grad():
+        target = v
+        if cfg.guided:
+            lo, hi = cfg.guidance_interval
+            guide = ~dropped & (t >= lo) & (t <= hi)
+            if bool(guide.any()):
+                idx = guide.nonzero(as_tuple=True)[0]
+                xs, ts = x_t[idx], t[idx]
+                zero = torch.zeros_like(ts)
+                uncond = model(xs, ts, torch.full_like(y[idx], null_label), interval=zero)
+                cond = model(xs, ts, y[idx], interval=zero) if cfg.guidance_mix else None
+                target = target.clone()
+                target[idx] = guided_velocity(v[idx], cond, uncond, cfg).to(target.dtype)
+        moving = (d > 0).nonzero(as_tuple=True)[0]
+        if len(moving):
+            vs, ds = target[moving], d[moving]
+            _, dudt = model.jvp((x_t[moving], t[moving], ds), (vs, torch.ones_like(ds), -torch.ones_like(ds)),
+                                y[moving])
+            target = target.clone()
+            target[moving] = vs + ds.view(-1, *[1] * (vs.ndim - 1)) * dudt.to(vs.dtype)
+    return target
+
+
+def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss (B,), squared error per element (B,)): ||pred - target||^2 summed over the sample, times
+    the adaptive weight sg(1 / (||.||^2 + c)^p) (p = 0: plain)."""
+    sq = (pred.float() - target.float()).square().flatten(1).sum(1)
+    weight = (sq.detach() + cfg.adaptive_c).pow(-cfg.adaptive_p) if cfg.adaptive_p else torch.ones_like(sq)
+    return weight * sq, sq.detach() / pred[0].numel()
+
+
+def meanflow_grid(steps: int) -> list[float]:
+    """The times of a k-step MeanFlow sample: uniform on [0, 1] (noise to data), k + 1 points."""
+    return [i / steps for i in range(steps + 1)]
+
+
+def meanflow_sample(model_fn, noise: torch.Tensor, y: torch.Tensor, steps: int) -> torch.Tensor:
+    """x1 from noise x0 in ``steps`` network evaluations: x_{t+d} = x_t + d U(x_t, t, d) on the uniform grid.
+    ``model_fn(x, t, y, interval=d)`` is the network or a guided wrapper; one call per step."""
+    x = noise
+    grid = meanflow_grid(steps)
+    for t0, t1 in zip(grid[:-1], grid[1:]):
+        t = torch.full((x.shape[0],), t0, dtype=x.dtype, device=x.device)
+        d = torch.full_like(t, t1 - t0)
+        x = x + (t1 - t0) * model_fn(x, t, y, interval=d)  # Average-velocity step.
+    return x

@@ -310,3 +310,39 @@ def test_readme_pipeline_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
     assert Image.open(tmp_path / "three.png").size == (32, 32)
+
+
+# diffusers' habits (issue #45) -------------------------------------------------------------------------------------
+
+def test_diffusers_habits_dtype_device_components_progress_bar(model_dir):
+    pipe = Vit5SitPipeline.from_pretrained(model_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.dtype == torch.float32 and pipe.device == torch.device("cpu")
+    assert set(pipe.components) == {"transformer", "scheduler", "vae"} and pipe.components["transformer"] is pipe.model
+    assert pipe.transformer is pipe.model and pipe.components["vae"] is None  # a pixel model
+    assert list(pipe.progress_bar(iterable=range(3))) == [0, 1, 2]
+    with pipe.progress_bar(total=4) as bar:
+        bar.update(4)
+    want = pipe([1, 2], seed=0, output_type="np").images
+    assert np.array_equal(pipe([1, 2], seed=0, output_type=None).images, want)  # None is "np", as in diffusers
+    latent = pipe([1, 2], seed=0, output_type="latent").images  # the model's own space: 1 channel, in [-1, 1]
+    assert latent.shape == (2, 1, 8, 8) and np.allclose(((latent + 1) / 2).clamp(0, 1)[:, 0], want[..., 0])
+    assert pipe.to("cpu", torch.bfloat16) is pipe and pipe.dtype == torch.bfloat16
+    half = pipe([1, 2], seed=0, output_type="np").images  # the network in bfloat16, the solver in float32
+    assert half.dtype == np.float32 and np.abs(half - want).mean() < 0.05
+    assert pipe.to(device="cpu", dtype=torch.float32).dtype == torch.float32  # (bfloat16's rounding stays)
+    with pytest.raises(TypeError, match="give a device, a torch.dtype, or both"):
+        pipe.to(1.5)
+    loaded = Vit5SitPipeline.from_pretrained(model_dir, torch_dtype=torch.bfloat16)
+    assert loaded.dtype == torch.bfloat16 and Vit5SitPipeline.from_pretrained(model_dir, dtype=torch.float16).dtype \
+        == torch.float16
+
+
+def test_model_cpu_offload_keeps_the_images(model_dir):
+    pytest.importorskip("accelerate")
+    pipe = Vit5SitPipeline.from_pretrained(model_dir)
+    pipe.set_progress_bar_config(disable=True)
+    want = pipe([3, 4], seed=1, output_type="np").images
+    pipe.enable_model_cpu_offload(device="cpu")  # no GPU here: the hooks run, on the CPU
+    assert pipe.device == torch.device("cpu")
+    assert np.array_equal(pipe([3, 4], seed=1, output_type="np").images, want)

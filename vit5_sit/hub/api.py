@@ -335,6 +335,7 @@ class PretrainedModel:
     config: ExperimentConfig        # the run's config; train.max_steps = the step of these weights
     metrics: list[dict] = dataclasses.field(default_factory=list)  # rows of `collect_metrics`
     samples: bytes | None = None         # the folder's samples.png (a grid of these weights), carried like metrics
+    folder: Path | None = None           # where it was loaded from (the weights' folder); None: built in memory
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str | Path | None = None, *,
@@ -359,7 +360,7 @@ class PretrainedModel:
         if not metrics and folder.parent.name == "checkpoints":
             metrics = collect_metrics(folder.parent.parent, cfg.train.max_steps)
         samples = (folder / SAMPLES_FILE).read_bytes() if (folder / SAMPLES_FILE).is_file() else None
-        return cls(model, cfg, metrics, samples)
+        return cls(model, cfg, metrics, samples, folder)
 
     def num_parameters(self) -> int:
         return sum(v.numel() for v in self.model.state_dict().values())
@@ -368,13 +369,16 @@ class PretrainedModel:
         return model_card(self.config, self.num_parameters(), self.metrics, repo_id, has_samples=bool(self.samples))
 
     def save_pretrained(self, save_directory: str | Path, *, dtype: torch.dtype | None = None,
-                        repo_id: str | None = None) -> Path:
-        """Write config.yaml, ema.safetensors (the weights as they are, or cast to ``dtype``), README.md, and the
-        metrics.json and samples.png it was loaded with."""
+                        repo_id: str | None = None, vae=None) -> Path:
+        """Write config.yaml, the weights (as they are, or cast to ``dtype``), README.md, the metrics.json and
+        samples.png it was loaded with, and diffusers' layout (a latent model's VAE: ``vae``, a loaded
+        AutoencoderKL, a name or folder; None = the folder's own vae/ if it was loaded from one, else data.vae)."""
         if self.samples:
             atomic_write_bytes(Path(save_directory) / SAMPLES_FILE, self.samples)  # first: the card shows it
+        if vae is None and self.folder is not None and (self.folder / "vae" / "config.json").is_file():
+            vae = self.folder / "vae"
         return write_model_folder(save_directory, self.model.state_dict(), self.config, metrics=self.metrics,
-                                  dtype=dtype, repo_id=repo_id)
+                                  dtype=dtype, repo_id=repo_id, vae=vae)
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     revision: str | None = None, commit_message: str | None = None,

@@ -1,0 +1,172 @@
+"""A model folder that diffusers loads without vit5-sit (issue #45): the bundled demo exported, then loaded with
+``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` in a subprocess where ``import vit5_sit``
+(and torchdiffeq, which the package needs and diffusers does not) fails; its images equal Vit5SitPipeline's bit
+for bit (CPU, float32) for the same seeds and settings, and bfloat16 loads and samples. In-process: the folder's
+code is generated from the package's source (no import of vit5_sit, the ModelConfig fields as the config), and
+the scheduler's diffusers step loop is ode_euler's steps."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vit5_sit.demo.export import export_model
+from vit5_sit.hub.model_files import DEMO_MODEL
+from vit5_sit.pipeline import Vit5SitPipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+CALLS = {  # name -> keyword arguments of both pipelines' calls
+    "default": dict(class_labels=[0, 3, 7], seed=0),
+    "sde-heun": dict(class_labels=[1, 8], seed=[5, 9], sampler="sde", method="heun", num_inference_steps=4,
+                     guidance_scale=2.0),
+    "dpm-pt": dict(class_labels=[4], num_images_per_prompt=2, seed=11, method="dpm++2m", num_inference_steps=5,
+                   output_type="pt"),
+    "generator": dict(class_labels=[2, 6], generator="seeded", guidance_scale=1.0, batch_size=1),
+    "latent": dict(class_labels=[9], seed=3, output_type="latent"),
+}
+
+# Runs in a fresh Python: vit5_sit and torchdiffeq cannot be imported, the checkout is not on the path.
+OUTSIDE = textwrap.dedent("""
+    import importlib.abc, json, os, sys
+    class Blocked(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("vit5_sit", "torchdiffeq"):
+                raise ImportError(f"{name}: not installed here")
+    sys.meta_path.insert(0, Blocked())
+    sys.path = [p for p in sys.path if p not in ("", ".") and not p.startswith(os.environ["CHECKOUT"])]
+    try:
+        import vit5_sit
+        sys.exit("vit5_sit could be imported")
+    except ImportError:
+        pass
+    import numpy as np, torch
+    from diffusers import DiffusionPipeline
+    folder, out = sys.argv[1], sys.argv[2]
+    calls = json.loads(sys.argv[3])
+    pipe = DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)
+    pipe.set_progress_bar_config(disable=True)
+    result = {"class": type(pipe).__name__, "dtype": str(pipe.dtype), "components": sorted(pipe.components)}
+    for name, kwargs in calls.items():
+        if kwargs.get("generator") == "seeded":
+            kwargs["generator"] = [torch.Generator().manual_seed(i) for i in range(len(kwargs["class_labels"]))]
+        images = pipe(**kwargs).images
+        if isinstance(images, list):
+            images = np.stack([np.asarray(im) for im in images])
+        np.save(f"{out}/{name}.npy", np.asarray(images))
+    # diffusers' own step loop with the scheduler (ODE Euler), unguided
+    model, sched = pipe.transformer, pipe.scheduler
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1, 32, 32, generator=gen)
+    y = torch.tensor([3, 5])
+    sched.set_timesteps(6)
+    with torch.no_grad():
+        for t in sched.timesteps:
+            x = sched.step(model(x, t.expand(2), y), t, x).prev_sample
+    np.save(f"{out}/loop.npy", x.numpy())
+    half = DiffusionPipeline.from_pretrained(folder, trust_remote_code=True, torch_dtype=torch.bfloat16)
+    half.set_progress_bar_config(disable=True)
+    images = half(class_labels=[3, 7], seed=0, output_type="np").images
+    result["bf16"] = [str(half.transformer.dtype), list(images.shape), bool(np.isfinite(images).all())]
+    np.save(f"{out}/bf16.npy", images)
+    print(json.dumps(result))
+""")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return export_model(DEMO_MODEL, tmp_path_factory.mktemp("export") / "demo", samples=False)
+
+
+@pytest.fixture(scope="module")
+def outside(folder, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("outside")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
+           "HF_MODULES_CACHE": str(out / "modules")}
+    proc = subprocess.run([sys.executable, "-c", OUTSIDE, str(folder), str(out), json.dumps(CALLS)],
+                          capture_output=True, text=True, env=env, cwd=out, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Vit5SitPipeline:
+    p = Vit5SitPipeline.from_pretrained(DEMO_MODEL)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _ours(pipe, kwargs) -> np.ndarray:
+    kwargs = dict(kwargs)
+    if kwargs.get("generator") == "seeded":
+        kwargs["generator"] = [torch.Generator().manual_seed(i) for i in range(len(kwargs["class_labels"]))]
+    images = pipe(**kwargs).images
+    return np.stack([np.asarray(im) for im in images]) if isinstance(images, list) else np.asarray(images)
+
+
+def test_folder_has_diffusers_layout_beside_ours(folder):
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["_class_name"] == ["pipeline_vit5_sit", "Vit5SitDiffusersPipeline"]
+    assert index["transformer"] == ["transformer_vit5_sit", "Vit5SitTransformer2DModel"]
+    assert index["vae"] == [None, None] and index["guidance_scale"] == 6.0
+    assert not (folder / "ema.safetensors").exists()  # one weights file, read by both loaders
+    weights = list(folder.rglob("*.safetensors"))
+    assert weights == [folder / "transformer" / "diffusion_pytorch_model.safetensors"]
+    from vit5_sit.models.config import ModelConfig
+
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    import dataclasses
+
+    assert {k for k in config if not k.startswith("_")} == {f.name for f in dataclasses.fields(ModelConfig)}
+    codes = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py"))
+    assert codes == ["pipeline_vit5_sit.py", "scheduler/scheduling_vit5_sit.py", "transformer/transformer_vit5_sit.py"]
+    for name in codes:  # generated from the package's source, importing none of it
+        text = (folder / name).read_text()
+        imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name
+                    for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import | ast.ImportFrom)
+                    for a in n.names}
+        assert not any(m.split(".")[0] in ("vit5_sit", "torchdiffeq") for m in imported), (name, imported)
+        assert "written by vit5-sit" in text.splitlines()[0]
+    model_code = (folder / codes[2]).read_text()
+    assert "# ---- from vit5_sit.models.denoiser" in model_code and "class Denoiser(nn.Module):" in model_code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_diffusers_alone_gives_the_pipelines_images_bit_for_bit(outside, pipe, name):
+    out, result = outside
+    assert result["class"] == "Vit5SitDiffusersPipeline" and result["dtype"] == "torch.float32"
+    assert result["components"] == ["scheduler", "transformer", "vae"]
+    theirs = np.load(out / f"{name}.npy")
+    ours = _ours(pipe, CALLS[name])
+    assert theirs.shape == ours.shape and theirs.dtype == ours.dtype
+    assert np.array_equal(theirs, ours)
+
+
+@pytest.mark.slow
+def test_scheduler_step_loop_is_ode_euler(outside, pipe):
+    from vit5_sit.transport import SamplerConfig, Transport, sample
+
+    out, _ = outside
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1, 32, 32, generator=gen)
+    want = sample(pipe.model, x, torch.tensor([3, 5]), Transport(), SamplerConfig(steps=6)).samples
+    assert np.array_equal(np.load(out / "loop.npy"), want.numpy())
+
+
+@pytest.mark.slow
+def test_bfloat16_loads_and_samples(outside, pipe):
+    out, result = outside
+    assert result["bf16"] == ["torch.bfloat16", [2, 32, 32, 3], True]
+    bf16 = np.load(out / "bf16.npy")
+    ours = pipe([3, 7], seed=0, output_type="np").images
+    assert np.abs(bf16 - ours).mean() < 0.05  # the same digits, to bfloat16's precision

@@ -174,6 +174,26 @@ def test_card_front_matter_license_task_dataset_and_model_index(tmp_path):
     assert "PATH_OR_REPO_ID" not in card and "replace `OWNER/NAME`" not in card
 
 
+def test_card_model_index_has_only_metrics_rounded_and_both_ways_to_load(monkeypatch):
+    import yaml
+
+    cfg, model = _tiny()
+    metrics = [{"settings": "n500", "step": 7, "reference": "mnist.npz", "fid": 445.0503707000177,
+                "precision": 0.123456789, "num_samples": 500, "num_reference": 5000, "kid_subset_size": 100}]
+    card = hub.PretrainedModel(model, cfg, metrics=metrics).model_card("me/tiny")
+    front = yaml.safe_load(card.split("---\n")[1])
+    values = {m["type"]: m["value"] for r in front["model-index"][0]["results"] for m in r["metrics"]}
+    assert values == {"fid": 445.1, "precision": 0.1235}  # no num_reference / kid_subset_size; 4 digits
+    assert "num reference" not in card.split("## Training")[0]  # nor a column of the metrics table
+    # both ways to load, the home page from [project.urls]
+    assert 'DiffusionPipeline.from_pretrained("me/tiny", trust_remote_code=True)' in card
+    assert 'Vit5SitPipeline.from_pretrained("me/tiny")' in card
+    assert hub.package_home() == "https://github.com/vit5-sit/vit5-sit" and "github.com/vit5-sit/vit5-sit" in card
+    monkeypatch.setattr(hub, "package_home", lambda: None)  # no home page: the folder carries the code
+    card = hub.PretrainedModel(model, cfg, metrics=metrics).model_card("me/tiny")
+    assert "github.com" not in card and "the folder carries the code diffusers needs" in card
+
+
 def test_card_without_repo_id_says_how_to_fill_it_and_shows_a_sample_grid_when_present(tmp_path):
     cfg, model = _tiny()
     assert "## Samples" not in hub.PretrainedModel(model, cfg).model_card()

@@ -49,7 +49,9 @@ from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, resolve_
 from vit5_sit.models import PRESET_FAMILIES, PRESETS, Denoiser
 
 CARD_METRICS = ("fid", "sfid", "is", "precision", "recall", "kid", "digit_accuracy")  # the card's column order
-NOT_METRICS = ("step", "num_samples", "seed")  # numbers in a metrics row that describe it, not measure it
+# numbers in a metrics row that describe it, not measure it: neither a table column nor a model-index metric
+NOT_METRICS = ("step", "num_samples", "num_reference", "seed", "kid_subset_size")
+METRIC_DIGITS = 4  # significant digits of a model-index metric value (FID 445.0503707 -> 445.1)
 LICENSE = "mit"  # the code's license (LICENSE; the official SiT code is MIT too), stated in every card
 PIPELINE_TAG = "unconditional-image-generation"  # the Hub's closest task: it has no class-conditional one
 HUB_DATASETS = {"mnist": ("ylecun/mnist", "MNIST"), "digits": (None, "scikit-learn digits")}
@@ -130,9 +132,35 @@ def _eval_results(metrics: Sequence[dict], dataset: tuple[str | None, str]) -> l
             if key in NOT_METRICS or not _is_number(value):
                 continue
             results.append(EvalResult(task_type=PIPELINE_TAG, dataset_type=hub_id or name, dataset_name=name,
-                                      metric_type=key, metric_value=value, metric_name=key.upper() if len(key) <= 4
+                                      metric_type=key, metric_value=round_metric(value),
+                                      metric_name=key.upper() if len(key) <= 4
                                       else key.replace("_", " "), metric_config=row.get("settings")))
     return results
+
+
+def round_metric(value: int | float) -> int | float:
+    """A metric as the card's metadata states it: METRIC_DIGITS significant digits (an int as it is)."""
+    return value if isinstance(value, int) else float(f"{value:.{METRIC_DIGITS}g}")
+
+
+def package_home() -> str | None:
+    """The package's home page: ``[project.urls]`` of pyproject.toml (Homepage, else Repository), from the
+    installed metadata, else from the checkout's pyproject.toml; None where neither names one."""
+    from importlib import metadata
+
+    try:
+        urls = dict(u.split(", ", 1) for u in metadata.metadata(LIBRARY_NAME).get_all("Project-URL") or [])
+    except metadata.PackageNotFoundError:
+        urls = {}
+    if not urls:
+        pyproject = Path(__file__).resolve().parent.parent.parent / "pyproject.toml"
+        try:
+            import tomllib
+
+            urls = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("urls", {})
+        except (ImportError, OSError, ValueError):  # Python 3.10 (no tomllib), an installed package, bad TOML
+            urls = {}
+    return urls.get("Homepage") or urls.get("Repository")
 
 
 def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] = (),
@@ -173,8 +201,10 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     family = PRESET_FAMILIES.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
              f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
-             f"Files: `{CONFIG_FILE}` (the resolved "
-             f"training config), `{WEIGHTS_FILE}` (EMA weights).", "",
+             f"Files: `{CONFIG_FILE}` (the resolved training config), `{WEIGHTS_FILE}` (the EMA weights, read "
+             "by both loaders below), and diffusers' layout: `model_index.json`, `transformer/` (the denoiser), "
+             f"`scheduler/` (the default sampler){', `vae/`' if latent else ''} and the code of each as `.py` "
+             "files, generated from vit5-sit's source when the folder was written.", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
     if metrics:
         columns = metric_columns(metrics)
@@ -211,7 +241,16 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     if repo_id is None:
         lines += ["Usage below: replace `OWNER/NAME` with the Hub repo id these files were uploaded to, or with "
                   "the path of this folder.", ""]
-    lines += ["## Use", "", "With vit5-sit installed (`pip install -e .` in its repository):", "", "```bash",
+    home = package_home()
+    install = (f"`pip install git+{home}`, or `pip install -e .` in a clone of {home}" if home else
+               "vit5-sit's repository; this card names none, and the folder carries the code diffusers needs")
+    lines += ["## Use", "",
+              "With diffusers alone (no vit5-sit: the folder carries its code, which `trust_remote_code=True` "
+              "runs; the same images as vit5-sit's pipeline for the same seeds):", "", "```python",
+              "from diffusers import DiffusionPipeline", "",
+              f'pipe = DiffusionPipeline.from_pretrained("{source}", trust_remote_code=True)',
+              f"images = pipe(class_labels=[0, 1, 2], guidance_scale={cfg.log.sample_cfg_scale:g}, seed=0).images",
+              "```", "", f"With vit5-sit ({install}):", "", "```bash",
               f"vit5-sit-sample --ckpt {source} --out samples.png      # or: python sample.py --ckpt ...",
               "```", "", "```python", "from vit5_sit.pipeline import Vit5SitPipeline", "",
               f'pipe = Vit5SitPipeline.from_pretrained("{source}")',
@@ -219,10 +258,12 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
               "```", ""]
     from vit5_sit import __version__
 
+    where = (f" ({home})" if home else
+             " (no home page is set: the code this folder needs is in its `.py` files)")
     lines += ["## Citation", "", "The SiT framework, the ViT-5 backbone and the DiT block it builds on:", "",
               CITATIONS, "", "## Code", "",
-              f"Written by vit5-sit {__version__} (MIT license): the training, sampling and evaluation code, and "
-              "the study that compares the backbones.", ""]
+              f"Written by vit5-sit {__version__}{where}, MIT license: the training, sampling and evaluation code, "
+              "and the study that compares the backbones.", ""]
     hub_dataset = HUB_DATASETS.get(cfg.data.kind, (None, dataset))
     eval_results = _eval_results(metrics, hub_dataset)
     data = ModelCardData(license=LICENSE, library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG,

@@ -156,6 +156,7 @@ FLAGS: dict[str, Arg] = {
     # Shared by several commands: one meaning, one range.
     "--help": SWITCH,
     "--ckpt": Arg("path", role=IN),
+    "--one-step": SWITCH,
     "--preset": TEXT,
     "--classes": TEXT,
     "--per-class": _int(at_least(1, "grid columns", hi=MAX_IMAGES)),
@@ -295,14 +296,17 @@ def value_problem(value: Any, entry: Arg) -> str | None:
     return None
 
 
-def check_arguments(table: dict[str, Arg], values: dict[str, Any], error: type[Exception] = ValueError) -> None:
-    """Every argument of ``values`` that ``table`` names, by its entry; None is 'not given' (the default decides).
-    Raises ``error("NAME=VALUE: must be ...")`` for the first one outside its entry."""
+def check_arguments(table: dict[str, Arg], values: dict[str, Any], error: type[Exception] = ValueError,
+                    prefix: str = "") -> None:
+    """Every argument of ``values`` that ``table`` names (``prefix`` + name: "eval." for a section), by its entry;
+    None is 'not given' (the default decides). Raises ``error("NAME=VALUE: must be ...")`` for the first one outside
+    its entry."""
     from vit5_sit.common.checks import shown
 
-    for name, entry in table.items():
-        if name in values and values[name] is not None and (problem := value_problem(values[name], entry)):
-            raise error(f"{name}={shown(values[name], quote=isinstance(values[name], str))}: {problem}")
+    for name, value in values.items():
+        entry = table.get(prefix + name)
+        if entry is not None and value is not None and (problem := value_problem(value, entry)):
+            raise error(f"{prefix}{name}={shown(value, quote=isinstance(value, str))}: {problem}")
 
 
 def contract_for(command: str, name: str) -> Arg | None:

@@ -66,7 +66,8 @@ def deferred_sigint(enabled: bool = True) -> Iterator[None]:
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _handler) for sig in STOP_SIGNALS}
+    # A signal the parent left ignored (``nohup``, a shell's background job for SIGINT) stays ignored.
+    previous = {sig: signal.signal(sig, _handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
     _state.update(polled=False, requested=False)
     try:
         yield
@@ -193,8 +194,16 @@ def stops_cleanly(message: str) -> Callable[[Callable[..., int]], Callable[..., 
             except Interrupted as e:  # stopped inside a loop that kept its work and says where (mass sampling)
                 print(e, file=sys.stderr, flush=True)
                 return EXIT_CODE
-            except OSError as e:  # a full disk, a read-only folder: one line, and what was kept
-                from vit5_sit.common.checks import storage_failure
+            except (ImportError, RuntimeError, OSError) as e:
+                from vit5_sit.common.versions import mismatch
+
+                line = mismatch(e)  # torchvision built for another torch: one line naming the fix
+                if line is not None:
+                    print(f"error: {line}", file=sys.stderr, flush=True)
+                    return 1
+                if not isinstance(e, OSError):
+                    raise
+                from vit5_sit.common.checks import storage_failure  # a full disk, a read-only folder: one line
 
                 return storage_failure(e, message.removeprefix("interrupted: "))
         return run

@@ -105,6 +105,10 @@ def atomic_write_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
+class LockPathError(ValueError):
+    """The path of a lock file is taken by a folder or a special file; the message names it and the fix."""
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: str | Path) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (created if missing, and left in place) for the block:
@@ -117,6 +121,11 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
     except ImportError:  # no flock here: nothing to hold
         yield
         return
+    path = Path(path)
+    if path.exists() and not path.is_file():  # a folder (or a pipe) where the lock file belongs
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise LockPathError(f"{path}: is {kind}, where this command keeps its lock file; remove it (it is not "
+                            "data of this project) or choose another folder")
     with open(path, "ab") as f:  # "a": never truncates, creates the file if it is missing
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)

@@ -24,12 +24,60 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vit5_sit.common.checks import path_problem, shown
+from vit5_sit.common.contract import (
+    BATCH,
+    GUIDANCE,
+    MAX_IMAGES,
+    MAX_TRAIN_STEPS,
+    SEED,
+    STEPS,
+    Arg,
+    Range,
+    check_arguments,
+)
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Metrics the study computes itself from the evaluation samples (the others are `vit5_sit.eval` metrics).
 # digit_accuracy: the share of samples the digit classifier (`vit5_sit.demo.digit_classifier`, as the demo's check)
 # reads as the digit that was asked for; for 32x32 MNIST models of 10 classes.
 STUDY_METRICS = ("digit_accuracy",)
+
+
+# The contract of a study file: every key it may hold, its type and range, checked when the file is read (a test
+# fails for a key the loader accepts without an entry here). 'object' entries are checked by the loader's own code.
+STUDY_FIELDS: dict[str, Arg] = {
+    "name": Arg("text"),
+    "output_dir": Arg("path"),
+    "results_dir": Arg("path"),
+    "steps": Arg("list", Range(1, MAX_TRAIN_STEPS, why="checkpoint steps, increasing")),
+    "seeds": Arg("list", SEED),
+    "arms": Arg("object", note="a non-empty list of arms"),
+    "arms[].name": Arg("text"),
+    "arms[].config": Arg("path"),
+    "arms[].overrides": Arg("object", note="KEY=VALUE strings, each checked by vit5_sit.config"),
+    "arms[].seeds": Arg("list", SEED),
+    "arms[].label": Arg("text"),
+    "eval": Arg("object", note="the EvalSpec section"),
+    "eval.num_samples": Arg("int", Range(1, MAX_IMAGES, why="images per checkpoint; at least what its metrics "
+                                                             "need (check_sizes: FID 2, precision/recall 4)")),
+    "eval.sample_seed": Arg("int", SEED),
+    "eval.noise_seed": Arg("int", SEED),
+    "eval.noise_training_seeds": Arg("list", SEED),
+    "eval.mode": Arg("text"),
+    "eval.method": Arg("text"),
+    "eval.steps": Arg("int", STEPS),
+    "eval.cfg_scales": Arg("list", GUIDANCE),
+    "eval.cfg_scale": Arg("float", GUIDANCE),
+    "eval.metrics": Arg("object", note="metric names (parse_metrics), each once"),
+    "eval.reference_data": Arg("path"),
+    "eval.batch_size": Arg("int", BATCH),
+    "decision": Arg("object", note="the DecisionSpec section"),
+    "decision.reference": Arg("text"),
+    "decision.candidates": Arg("object", note="arm names"),
+    "decision.baseline": Arg("text"),
+    "decision.min_seeds": Arg("int", Range(2, 10**6, why="an sd needs two seeds; the compared arms must have as "
+                                                        "many")),
+}
 
 
 class StudyError(ValueError):
@@ -117,12 +165,15 @@ class StudySpec:
         return Path(self.output_dir) / "reference.npz"
 
 
-def _int_list(key: str, value, minimum: int) -> tuple[int, ...]:
+def _int_list(key: str, value, minimum: int, field: str | None = None) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:
         raise StudyError(f"{key}: expected a non-empty list of integers, got {value!r}")
+    bound = STUDY_FIELDS[field or key].range
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise StudyError(f"{key}: {v!r} is not an integer >= {minimum}")
+            raise StudyError(f"{key}: {shown(v, quote=True)} is not an integer >= {minimum}")
+        if bound is not None and (problem := bound.problem(v)):
+            raise StudyError(f"{key}: {shown(v)} {problem}")
     if len(set(value)) != len(value):
         raise StudyError(f"{key}: {value} lists a value twice")
     return tuple(value)
@@ -159,6 +210,7 @@ def _eval_spec(raw: dict) -> EvalSpec:
     for v in values.get("noise_training_seeds", ()):
         if not _is_int(v, 0):
             raise StudyError(f"eval.noise_training_seeds: {v!r} is not an integer >= 0")
+    check_arguments(STUDY_FIELDS, {k: v for k, v in values.items() if k != "cfg_scales"}, StudyError, "eval.")
     from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
 
     scales = values.get("cfg_scales", EvalSpec.cfg_scales)
@@ -192,6 +244,12 @@ def _eval_spec(raw: dict) -> EvalSpec:
         parse_metrics(spec.inception_metrics)
     except EvalError as e:
         raise StudyError(f"eval.metrics: {e}; the study adds {', '.join(STUDY_METRICS)}") from None
+    from vit5_sit.eval.evaluation import check_sizes
+
+    try:  # eval.num_samples: enough for every metric asked for (FID needs 2 images, precision/recall 4)
+        check_sizes(spec.inception_metrics, spec.num_samples, None)
+    except EvalError as e:
+        raise StudyError(f"eval.num_samples={spec.num_samples}: {e}") from None
     from vit5_sit.transport.rng import SeedError, check_seeds
 
     try:  # every sample seed of both sets is a valid seed (the one rule of sample.py and compare)
@@ -255,6 +313,11 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
     except ConfigError as e:
         raise StudyError(f"{key} ({arm.name}): {e}") from None
     model = cfg.model_config()
+    if model.mean_flow != (spec.eval.mode == "meanflow"):
+        kind, fix = (("a MeanFlow model", "eval.mode: meanflow") if model.mean_flow
+                     else ("a flow model", "eval.mode: ode or sde"))
+        raise StudyError(f"eval.mode {spec.eval.mode} ({key}, {arm.name}): the arm trains {kind}, which that sampler "
+                         f"cannot sample; use {fix} (one study evaluates one kind of model)")
     for scale in spec.eval.cfg_scales:
         try:
             check_guidance(scale, model.class_dropout_prob)
@@ -323,7 +386,7 @@ def load_study(path: str | Path) -> StudySpec:
         overrides = a.get("overrides", [])
         if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
             raise StudyError(f"{key}.overrides: expected a list of 'key=value' strings, got {overrides!r}")
-        seeds = _int_list(f"{key}.seeds", a["seeds"], 0) if "seeds" in a else default_seeds
+        seeds = _int_list(f"{key}.seeds", a["seeds"], 0, "arms[].seeds") if "seeds" in a else default_seeds
         label = a.get("label", "")
         if not isinstance(label, (str, int, float)) or isinstance(label, bool):
             raise StudyError(f"{key}.label: expected a short text, got {label!r}")
@@ -342,6 +405,15 @@ def load_study(path: str | Path) -> StudySpec:
     if spec.decision is not None and "fid" not in spec.eval.metrics:
         raise StudyError(f"decision: the rule compares mean FID, and eval.metrics ({', '.join(spec.eval.metrics)}) "
                          "has no fid; add fid")
+    if spec.decision is not None:  # the rule needs min_seeds seeds of the reference and of another candidate
+        seeds = {a.name: len(a.seeds) for a in spec.arms}
+        d = spec.decision
+        short = [n for n in (d.reference,) if seeds[n] < d.min_seeds]
+        if short or not any(seeds[c] >= d.min_seeds for c in d.candidates if c != d.reference):
+            which = f"the reference {d.reference!r} has {seeds[d.reference]}" if short else \
+                "no candidate besides the reference has as many"
+            raise StudyError(f"decision.min_seeds={d.min_seeds}: {which} training seed(s), so the rule could never "
+                             "decide; lower min_seeds or give the arms more seeds")
     trained = sorted({s for a in spec.arms for s in a.seeds})
     for seed in spec.eval.noise_training_seeds:
         if seed not in trained:

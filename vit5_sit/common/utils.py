@@ -156,6 +156,23 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] |
         raise
 
 
+def save_torch(obj, path: str | Path) -> None:
+    """``torch.save`` with a write that the storage refused raised as the OSError it is: torch's zip writer
+    reports a full disk as a RuntimeError ('unexpected pos 1088 vs 1026', 'file write failed') without the errno;
+    it fails this way when the disk is full, so it is named as that: 'No space left on device'."""
+    import errno
+
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:
+        text = str(e)
+        if "unexpected pos" in text or "file write failed" in text or "failed writing" in text:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+        raise
+
+
 def stale_temp_files(path: str | Path) -> list[Path]:
     """Temporary files that a killed `atomic_write_file(path)` left beside `path`; for a folder, those of
     every file anywhere below it."""

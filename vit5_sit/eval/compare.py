@@ -146,17 +146,26 @@ def run_sampler(runs, mode: str | None = None, method: str | None = None, steps:
     configs = []
     for run in (_local_run(r)[0] for r in runs):
         if not run.is_dir():
-            raise CompareError(f"{run}: no such run folder")
+            raise CompareError(_not_a_run(run))
         if not (run / "config.yaml").is_file():
             raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote")
         try:
             configs.append(load_config(run / "config.yaml").sampler)
         except ConfigError as e:
             raise CompareError(f"{run / 'config.yaml'}: {e}") from None
+    kinds = {c.mode == "meanflow" for c in configs}
+    if len(kinds) > 1:  # one sampler serves every run of a comparison
+        one = [str(r) for r, c in zip(runs, configs) if c.mode == "meanflow"]
+        raise CompareError(f"{', '.join(one)}: MeanFlow model(s) beside flow models; a comparison samples every run "
+                           "with one sampler, and the two kinds take different ones: compare them in two calls")
     try:
         sampler = sampler_settings(configs[0], mode, method, steps)
     except ValueError as e:
         raise CompareError(f"--sampler/--method/--steps: {e}") from None
+    if (sampler.mode == "meanflow") not in kinds:
+        what = "MeanFlow models" if sampler.mode != "meanflow" else "flow models"
+        raise CompareError(f"--sampler {sampler.mode}: the runs are {what}; leave --sampler out (their config's "
+                           "sampler) or give " + ("--sampler meanflow" if what == "MeanFlow models" else "ode or sde"))
     flags = [f for f, v in (("--sampler", mode), ("--method", method), ("--steps", steps)) if v is not None]
     source = f"{Path(runs[0]) / 'config.yaml'}" + (f" with {', '.join(flags)}" if flags else "")
     if any(c != configs[0] for c in configs[1:]) and len(flags) < 3:
@@ -185,12 +194,19 @@ def _is_model_folder(path: Path) -> bool:
                                              "transformer/diffusion_pytorch_model.safetensors"))
 
 
+def _not_a_run(run: Path) -> str:
+    if run.exists():  # a file: an official .pt, a reference .npz, ...
+        return (f"{run}: is a file, not a run folder; compare takes run folders, model folders or Hub repo ids (an "
+                "official .pt file samples with sample.py --ckpt FILE)")
+    return f"{run}: no such run folder"
+
+
 def _run_checkpoints(run: Path, log, every: int | None = None) -> list:
     from vit5_sit.config import load_config
     from vit5_sit.train.checkpoint import Checkpoint, CheckpointError, list_checkpoints, verify_checkpoint
 
     if not run.is_dir():
-        raise CompareError(f"{run}: no such run folder")
+        raise CompareError(_not_a_run(run))
     if not (run / "config.yaml").is_file():
         raise CompareError(f"{run}: not a run folder (no config.yaml); give the folder that train.py wrote, "
                            "a model folder or a Hub repo id")

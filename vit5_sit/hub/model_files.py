@@ -16,7 +16,7 @@ import torch
 
 from vit5_sit.common.checks import ModelLoadError, first_line, tensors_problem
 from vit5_sit.config import ExperimentConfig, load_config
-from vit5_sit.hub.files import WEIGHTS_FILE, parse_repo_spec, resolve_model_path
+from vit5_sit.hub.files import BUNDLED_MODELS, WEIGHTS_FILE, parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
 from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
 from vit5_sit.train.checkpoint import (
@@ -25,7 +25,7 @@ from vit5_sit.train.checkpoint import (
     verify_checkpoint,
 )
 
-DEMO_MODEL = Path(__file__).parent.parent / "assets" / "demo"
+DEMO_MODEL = BUNDLED_MODELS["demo"]
 
 
 def _weights_in(folder: Path, use_ema: bool) -> Path | None:
@@ -51,6 +51,8 @@ def local_model_path(path: str | Path | None) -> Path:
     """The path as given (None: the demo model), or for a Hub repo id its snapshot folder in the cache."""
     if path is None:
         return DEMO_MODEL
+    if not Path(path).exists() and str(path) in BUNDLED_MODELS:
+        return BUNDLED_MODELS[str(path)]
     if Path(path).exists() or parse_repo_spec(str(path)) is None:
         return Path(path)  # a missing path is reported by the caller
     return resolve_model_path(path)
@@ -62,6 +64,12 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file() and not _weights_in(path, True):
+        if not (path / "checkpoints").is_dir():  # config.yaml beside no weights we read: say what is there
+            other = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+            if other:
+                raise ModelLoadError(f"{path}: holds {', '.join(other[:3])} but no weights this project reads "
+                                     f"(ema.safetensors, model.safetensors or {WEIGHTS_FILE}); pickled .bin/.pt "
+                                     "files are not loaded from folders: save the weights as safetensors")
         ckpt = latest_valid_checkpoint(path)
         if ckpt is None:
             raise ModelLoadError(f"{path}: run folder has no valid checkpoint in {path / 'checkpoints'}")

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from vit5_sit.common.checks import first_line, process_alive, tensors_problem
-from vit5_sit.common.utils import atomic_write_text, file_digest, save_safetensors
+from vit5_sit.common.utils import atomic_write_text, file_digest, save_safetensors, save_torch
 
 CHECKPOINT_FILES = ("model.safetensors", "ema.safetensors", "state.pt")
 PREFIX = "step_"
@@ -71,7 +71,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
         tmp.mkdir()
         save_safetensors(_plain(model_state), tmp / "model.safetensors")
         save_safetensors(_plain(ema_state), tmp / "ema.safetensors")
-        torch.save({**state, "step": step}, tmp / "state.pt")
+        save_torch({**state, "step": step}, tmp / "state.pt")  # a full disk: OSError ENOSPC, not 'unexpected pos'
         for name, tensors in (extra or {}).items():
             save_safetensors(_plain(tensors), tmp / name)
         files = {}
@@ -82,7 +82,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
     except (OSError, RuntimeError) as e:  # a full disk, a vanished mount: leave no partial folder behind
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(root).free if root.is_dir() else 0
-        raise CheckpointError(f"writing checkpoint {final} failed ({type(e).__name__}: {e}); the partial folder "
+        why = f"{e.strerror or e}" if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise CheckpointError(f"writing checkpoint {final} failed ({why}); the partial folder "
                               f"was removed, {free / 2**30:.2f} GiB free in {root}. The previous checkpoints "
                               "are intact: free space, then continue with --resume auto") from None
     if final.exists():  # the same step written before

@@ -111,7 +111,10 @@ def integer_problem(value: object) -> str | None:
 
 def integer(text: str) -> int:
     """argparse type: an integer, written as one (``1000``) or as a whole number (``1e3``), at most MAX_INTEGER
-    in size: ``1.5``, ``1e30``, ``nan`` are refused naming the value."""
+    in size: ``1.5``, ``1e30``, ``nan`` are refused naming the value, and so are digits of other scripts (``١٢``),
+    which Python's int() would read."""
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {shown(text, quote=True)}")
     try:
         value: int | float = int(text)
     except ValueError:
@@ -183,7 +186,9 @@ def positive_float(text: str) -> float:
 
 
 def finite_float(text: str) -> float:
-    """argparse type: a finite number (nan and inf are refused)."""
+    """argparse type: a finite number (nan and inf are refused; so are digits of other scripts)."""
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"expected a number, got {shown(text, quote=True)}")
     try:
         value = float(text)
     except ValueError:

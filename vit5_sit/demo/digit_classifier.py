@@ -13,6 +13,7 @@ in ``vit5_sit/assets/digit_classifier/``; ``check`` samples the demo model's def
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from pathlib import Path
@@ -66,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
         train_classifier(args.out, args.seed)
         return 0
+    from vit5_sit.cli.sample import build_parser
+
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    unknown = [t for t in rest if t.startswith("--") and t.split("=", 1)[0] not in known]
+    if unknown:  # a typo of --classifier would otherwise reach sample.py, which suggests one of its own flags
+        close = difflib.get_close_matches(unknown[0].split("=", 1)[0], sorted(known | {"--classifier"}), n=1)
+        p.error(f"unrecognized argument {unknown[0]}; " + (f"did you mean {close[0]}?" if close else
+                                                          "--help lists the flags (and sample.py's)"))
     try:
         classifier = load_classifier(args.classifier)  # before sampling: a bad file is refused at once
     except (FileNotFoundError, ValueError) as e:

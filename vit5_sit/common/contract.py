@@ -409,6 +409,12 @@ class Parser(argparse.ArgumentParser):
             action.type = _checked(entry, action.type)
         return action
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):
+        # argparse drops a '--' value (--batch-size=--) and stores [], unchecked: refused instead.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            raise argparse.ArgumentError(action, "expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
     def add_subparsers(self, **kwargs):
         action = super().add_subparsers(**kwargs)
         add_parser, parent = action.add_parser, self

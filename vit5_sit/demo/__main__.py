@@ -1,4 +1,5 @@
-"""`python -m vit5_sit.demo export RUN`: export a trained run as the bundled demo model."""
+"""`python -m vit5_sit.demo export RUN --out FOLDER`: export a trained run as a model folder (the bundled demo's
+layout, with diffusers' beside it)."""
 
 import sys
 

@@ -323,7 +323,9 @@ def _allow(text: str) -> list[str] | None:
 
 @stops_cleanly("interrupted: the page is stopped; nothing was written")  # while starting (the model, Gradio)
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m vit5_sit.app", command="app", description=__doc__,
+    program = Path(sys.argv[0]).name  # vit5-sit-demo (the installed command) names itself; else the -m form
+    p = Parser(prog=program if program.startswith("vit5-sit-") else "python -m vit5_sit.app", command="app",
+               description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=path_text, default=DEMO,
                    help="'demo' (default), a run / checkpoint / model folder or a Hub repo id OWNER/NAME[@REVISION]")

@@ -1,11 +1,14 @@
-"""Export a run's EMA weights as a small model folder (the bundled demo: ``vit5_sit/assets/demo``).
+"""Export a run's EMA weights as a model folder (as the bundled demo, ``vit5_sit/assets/demo``, was made).
 
-    python -m vit5_sit.demo export runs/mnist-vit5                 # newest valid checkpoint -> assets/demo
-    python -m vit5_sit.demo export runs/mnist-vit5 --out my_model  # any folder; sample.py --ckpt my_model
+    python -m vit5_sit.demo export runs/mnist-vit5 --out my_model  # newest valid checkpoint; sample.py --ckpt my_model
     python -m vit5_sit.demo export runs/mnist-vit5 --out my_model --push me/vit5-mnist   # and upload it
+    python -m vit5_sit.demo export vit5_sit/assets/demo --out demo-diffusers   # a model folder, in today's layout
 
-The folder holds ``config.yaml`` (the run's resolved config), ``ema.safetensors`` in float16 (half the
-size; the model is cast back to float32 when loaded), ``samples.png`` (the grid ``python sample.py --ckpt
+``--out`` is required: an export never replaces the bundled demo model unless told to (``--out
+vit5_sit/assets/demo``). The folder holds ``config.yaml`` (the run's resolved config), the EMA weights in float16
+(``transformer/diffusion_pytorch_model.safetensors``; half the size, cast back to float32 when loaded), diffusers'
+layout with its generated code (`vit5_sit.hub.layout`: ``DiffusionPipeline.from_pretrained(FOLDER,
+trust_remote_code=True)`` loads it without vit5-sit), ``samples.png`` (the grid ``python sample.py --ckpt
 FOLDER`` draws: every class, 4 seeds each, with the folder's own sampler and guidance; ``--no-samples`` leaves it
 out), ``README.md`` (a model card: preset, parameters, training, sampler defaults, the sample grid, and the
 metrics ``eval_fid.py compare`` measured for this checkpoint, also in ``metrics.json``). ``--push`` uploads it
@@ -26,10 +29,11 @@ from vit5_sit.common.interrupt import stops_cleanly
 if TYPE_CHECKING:
     import torch
 
-DEMO_MODEL = Path(__file__).parent / "assets" / "demo"  # = vit5_sit.hub.model_files.DEMO_MODEL (that imports torch)
+DEMO_MODEL = Path(__file__).parent.parent / "assets" / "demo"  # = vit5_sit.hub.model_files.DEMO_MODEL (which
+                                                                # imports torch)
 
 
-def export_model(run_or_ckpt: str | Path, out: str | Path = DEMO_MODEL,
+def export_model(run_or_ckpt: str | Path, out: str | Path,
                  dtype: torch.dtype | None = None,  # None = torch.float16: half the size
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None, samples: bool = True, progress: bool = False) -> Path:
@@ -103,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="export a run's EMA weights as a model folder")
     e.add_argument("run", type=path_text, help="run folder (newest valid checkpoint) or checkpoint folder")
-    e.add_argument("--out", type=path_text, default=str(DEMO_MODEL), help=f"model folder (default: {DEMO_MODEL})")
+    e.add_argument("--out", type=path_text, required=True, help="the model folder to write (required; the bundled "
+                   "demo model is vit5_sit/assets/demo)")
     e.add_argument("--cfg-scale", type=finite_float, default=None,
                    help="guidance scale of the model's grids in sample.py (log.sample_cfg_scale; default: the run's)")
     e.add_argument("--sampler", choices=("ode", "sde"), default=None, help="sample.py's default sampler for "

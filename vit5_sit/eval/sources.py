@@ -175,10 +175,13 @@ def _npz_keys(path: Path) -> list[str]:
         raise EvalError(f"not a valid .npz file: {path}") from e
 
 
-def _existing_path(source) -> Path:
+def _existing_path(source, reference: bool = False) -> Path:
     path = Path(source).expanduser()
     if not path.exists():
-        raise EvalError(f"file not found: {path}")
+        make = (f"; make a reference with `python eval_fid.py ref --data IMAGE_FOLDER --out {source}` (the MNIST "
+                "digits: `python -m vit5_sit.data mnist data/mnist32`, then --data data/mnist32)"
+                if reference and path.suffix == ".npz" else "")
+        raise EvalError(f"file not found: {path}{make}")
     if not path.is_file() and not path.is_dir():  # a FIFO would block the first read forever
         raise EvalError(f"{path} is neither a file nor a folder (a device or a pipe); give an .npz or a folder")
     return path
@@ -352,7 +355,7 @@ def open_reference(source) -> Reference:
     if isinstance(source, (np.ndarray, torch.Tensor, ImageSource)):
         images = open_images(source)
         return Reference(images.description, images=images)
-    path = _existing_path(source)
+    path = _existing_path(source, reference=True)
     if path.is_dir():
         return Reference(str(path), images=FolderImages(path))
     keys = _npz_keys(path)

@@ -83,6 +83,31 @@ def parse_repo_spec(spec: str) -> tuple[str, str | None] | None:
     return repo, revision or None
 
 
+RUN_ROOT = "runs"  # train.py's output_dir in every config: a missing runs/NAME is a run not trained yet
+
+
+def missing_run_hint(spec: str) -> str | None:
+    """How to make a missing run folder ``runs/NAME`` (or any path whose first folder exists here): the config
+    whose ``name`` it is (configs/**/*.yaml of the checkout), else train.py in general; None for other specs."""
+    first = Path(spec).parts[0] if Path(spec).parts else ""
+    if first != RUN_ROOT and not Path(first).is_dir():
+        return None
+    name = Path(spec).parts[1] if len(Path(spec).parts) > 1 else Path(spec).name
+    configs = Path(__file__).resolve().parent.parent.parent / "configs"
+    for config in sorted(configs.rglob("*.yaml")) if configs.is_dir() else []:
+        try:
+            import yaml
+
+            found = yaml.safe_load(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError, ImportError):
+            continue
+        if isinstance(found, dict) and found.get("name") == name:
+            return (f"no such run or model folder; `python train.py --config {config.relative_to(configs.parent)}` "
+                    f"trains it into {RUN_ROOT}/{name} (docs/training.md)")
+    return ("no such run or model folder; `python train.py --config CONFIG` trains a run into runs/<its name> "
+            "(docs/training.md), `python -m vit5_sit.demo export RUN --out FOLDER` makes a model folder")
+
+
 def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
                        token: str | None = None) -> Path:
     """A local path as it is; a Hub repo id (not an existing path) -> its snapshot folder in the cache."""
@@ -93,6 +118,9 @@ def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_d
     if path.exists():
         return path
     parsed = parse_repo_spec(str(spec))
+    hint = missing_run_hint(str(spec))
+    if hint is not None:  # runs/NAME: a run not trained yet, not a Hub repo of a user called "runs"
+        raise ModelLoadError(f"{spec}: {hint}")
     if parsed is None:
         raise ModelLoadError(f"no such file or folder: {spec}")
     repo_id, rev = parsed

@@ -18,7 +18,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit5_sit.common.checks import UsageError, parse_device, path_text, positive_int, storage_failure, writable_folder
+from vit5_sit.common.checks import (
+    UsageError,
+    integer,
+    parse_device,
+    path_text,
+    positive_int,
+    storage_failure,
+    writable_folder,
+)
 from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import Interrupted, quiet_when_piped, sigterm_as_ctrl_c
 
@@ -34,8 +42,8 @@ def _names(text: str) -> list[str]:
 
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(n) for n in _names(text)]
-    except ValueError:
+        return [integer(n) for n in _names(text)]  # ASCII whole numbers ('٣' is no seed here)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole-number seeds separated by commas, e.g. 0,1") from None
 
 

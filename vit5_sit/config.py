@@ -282,7 +282,7 @@ def _parse_scalar(text: str) -> Any:
         value = yaml.safe_load(text) if text else ""
     except (yaml.YAMLError, ValueError):  # ValueError: an integer of more than 4300 digits
         return text
-    if isinstance(value, str):
+    if isinstance(value, str) and value.isascii():  # float('٣') is 3.0: digits of other scripts stay text
         try:
             return float(value)
         except ValueError:
@@ -408,7 +408,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value  # its size: _check_range (the key's own range first, then MAX_INTEGER)
-        if isinstance(value, str):  # '1e3' as YAML 1.1 reads it, e.g. inside a list
+        if isinstance(value, str) and value.isascii():  # '1e3' as YAML 1.1 reads it, e.g. inside a list
             try:
                 value = float(value)
             except ValueError:
@@ -424,7 +424,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 number = float(value)
             except OverflowError:  # an integer beyond any float
                 raise ConfigError(f"{key}={shown(value)}: must be a finite number") from None
-        elif isinstance(value, str):
+        elif isinstance(value, str) and value.isascii():
             try:
                 number = float(value)
             except ValueError:

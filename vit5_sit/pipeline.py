@@ -306,7 +306,7 @@ class Vit5SitPipeline:
                  guidance_scale: float | None = None,             # 1 = none; None = the config's grid scale
                  guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the config's
-                 sampler: str | None = None,                      # 'ode' | 'sde'; None = the config's
+                 sampler: str | None = None,                      # 'ode' | 'sde' | 'meanflow'; None = the config's
                  method: str | None = None,                       # 'euler', 'heun', 'dopri5', ...
                  num_images_per_prompt: int = 1,                  # images per class label, one after another
                  seed: int | Sequence[int] | None = None,         # first seed (image i: seed + i), or one each

@@ -180,7 +180,7 @@ def cmd_compare(args) -> int:
         extra_sampler=_non_default_sampler_fields(sampler), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), metrics=metrics, batch_size=args.sample_batch_size)
     _flag("--sampler/--method/--steps", settings.sampler)
-    steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""
+    steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""  # meanflow: euler
     print(f"sampler {sampler.mode}/{sampler.method}{steps} ({source}), cfg {args.cfg_scale:g}; "
           f"{num_samples} samples per checkpoint"
           + ("" if args.num_samples else f" (default: the reference's size, at most {COMPARE_MAX_SAMPLES})"))
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images per checkpoint, the same seeds and balanced classes for all (default: as many "
                         f"as the reference has, at most {COMPARE_MAX_SAMPLES})")
     p.add_argument("--seed", type=integer, default=0, help="image i has seed SEED + i (default: 0)")
-    p.add_argument("--sampler", choices=("ode", "sde"), default=None,
+    p.add_argument("--sampler", choices=("ode", "sde", "meanflow"), default=None,
                    help="default: the first run's config (its sampler section), as sample.py")
     p.add_argument("--method", default=None,
                    help="ode: euler, heun, dopri5, ...; sde: euler, heun (default: the first run's config)")

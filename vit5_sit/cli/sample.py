@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--ckpt", metavar="PATH", type=path_text, default=None,
         help="run folder (newest valid checkpoint), checkpoint folder, model folder, official SiT .pt "
              "file, or Hugging Face Hub repo id OWNER/NAME[@REVISION] (default: the bundled demo model)")
+    arg("--one-step", action="store_true",
+        help="sample the bundled one-step MeanFlow demo model (1 network call per image; = --ckpt demo-1step)")
     arg("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
     arg("--out", default="samples.png", type=path_text, metavar="PNG_OR_NPZ",
         help="a .png grid (default: samples.png) or a .npz of --num-samples images")
@@ -85,11 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
     arg("--guide-channels", type=positive_int, default=None, metavar="N",
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
-    arg("--sampler", choices=("ode", "sde"), default=None, help="default: the run config's, else ode")
+    arg("--sampler", choices=("ode", "sde", "meanflow"), default=None,
+        help="default: the run config's, else ode; meanflow: a MeanFlow model's average-velocity steps (the "
+             "only sampler of those models, 1 step = 1 network call by default)")
     arg("--method", default=None,
         help="ode: euler, heun, dpm++2m, dpm++3m (DPM-Solver++ multistep, one network call a step), dopri5, ...; "
              "sde: euler (Euler-Maruyama), heun (default: the config's)")
-    arg("--steps", type=positive_int, default=None, help="fixed-step methods: steps (default: the config's)")
+    arg("--steps", type=positive_int, default=None,
+        help="fixed-step methods and MeanFlow models: steps (default: the config's; MeanFlow: 1)")
     arg("--tol", type=positive_float, default=None, metavar="TOL",
         help="adaptive ODE solvers (dopri5, ...): atol = rtol = TOL, e.g. 1e-5 for a FID reference (default: the "
              "config's atol / rtol, else 1e-6 / 1e-3)")
@@ -130,6 +135,11 @@ def load_model(args) -> Loaded:
     from vit5_sit.hub.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
     from vit5_sit.models import PRESETS
 
+    if args.one_step:
+        if args.ckpt is not None:
+            raise UsageError(f"--one-step with --ckpt {args.ckpt}: --one-step samples the bundled one-step demo "
+                             "(--ckpt demo-1step); give one of the two")
+        args.ckpt = "demo-1step"
     if args.ckpt is None:
         if not (DEMO_MODEL / "config.yaml").is_file():
             raise UsageError(f"--ckpt not given and the bundled demo model is missing ({DEMO_MODEL} should "
@@ -179,9 +189,11 @@ def load_model(args) -> Loaded:
     return Loaded(model, cfg, path, official, factor, input_size)
 
 
-def sampler_config(args, cfg):
-    """The run config's sampler (else the defaults) with the --sampler/--method/--steps flags applied."""
+def sampler_config(args, cfg, model_cfg=None):
+    """The run config's sampler (else the defaults: ODE Euler, or 1 MeanFlow step for a MeanFlow model) with the
+    --sampler/--method/--steps flags applied."""
     from vit5_sit.sampling.generate import sampler_settings
+    from vit5_sit.transport import SamplerConfig
 
     if args.scheduler is not None:
         if args.sampler is not None or args.method is not None or args.grid is not None or args.tol is not None:
@@ -189,9 +201,11 @@ def sampler_config(args, cfg):
                              "--sampler/--method/--grid/--tol (or leave out --scheduler)")
         steps = args.steps or (cfg.sampler.steps if cfg is not None else None)
         return sampler_settings(None, "ode", "euler", steps)  # its steps, one network call each
+    base = cfg.sampler if cfg is not None else None
+    if base is None and getattr(model_cfg, "mean_flow", False):
+        base = SamplerConfig(mode="meanflow", method="euler", steps=1)
     try:
-        return sampler_settings(cfg.sampler if cfg is not None else None, args.sampler, args.method, args.steps,
-                                args.grid, args.tol)
+        return sampler_settings(base, args.sampler, args.method, args.steps, args.grid, args.tol)
     except ValueError as e:
         raise UsageError(f"--sampler/--method/--steps/--grid/--tol: {e}") from None
 
@@ -287,7 +301,7 @@ def _run(args, grid: bool) -> int:
     mcfg = loaded.model.cfg
     if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
         raise UsageError(f"--guide-channels {args.guide_channels}: the model has {mcfg.in_channels} channels")
-    sampler = sampler_config(args, loaded.cfg)
+    sampler = sampler_config(args, loaded.cfg, mcfg)
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
     try:
@@ -304,6 +318,12 @@ def _run(args, grid: bool) -> int:
             check_scheduler(scheduler, transport)
         except SchedulerError as e:
             raise UsageError(f"--scheduler: {e}") from None
+    from vit5_sit.sampling.generate import SamplerMismatch, check_model_sampler
+
+    try:
+        check_model_sampler(mcfg, sampler, scheduler)
+    except SamplerMismatch as e:
+        raise UsageError(f"--sampler: {e}") from None
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,

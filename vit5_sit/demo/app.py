@@ -39,6 +39,7 @@ from vit5_sit.common.interrupt import stops_cleanly
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
 DEFAULT_PORT = 7860          # Gradio's usual port
 DEMO = "demo"                # the model box's name for the bundled demo model
+DEMO_1STEP = "demo-1step"    # the bundled one-step MeanFlow demo (vit5_sit.hub.files.BUNDLED_MODELS)
 MAX_PER_CLASS = 16
 MAX_STEPS = 250
 MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo, not a batch job
@@ -223,7 +224,7 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
     sampler's progress step by step and share one queue, whose position Gradio shows to whoever waits."""
     import gradio as gr
 
-    models = Models(allowed=None if allowed is None else [model, *allowed])
+    models = Models(allowed=None if allowed is None else [model, *allowed, DEMO, DEMO_1STEP])  # bundled: always
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="vit5-sit-app-"))
     first = model_defaults(models.get(model))
 
@@ -270,9 +271,11 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
             with gr.Column(scale=1):
                 with gr.Row():
                     name = gr.Textbox(model, label="model", scale=4,
-                                      info="'demo', a run / checkpoint / model folder, or a Hub repo id"
+                                      info="'demo', 'demo-1step' (one network call per image), a run / "
+                                      "checkpoint / model folder, or a Hub repo id"
                                       if models.allowed is None else "one of: " + ", ".join(models.allowed))
                     load_btn = gr.Button("load", scale=1)
+                    one_step_btn = gr.Button("one-step demo", scale=1)
                 about = gr.Markdown(first["about"])
                 classes = gr.Textbox(first["classes"], label="classes",
                                      info="ids, ranges (0-9) or, for ImageNet models, names; comma-separated")
@@ -283,7 +286,8 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                     low = gr.Number(0.0, label="guide from t", minimum=0, maximum=1)
                     high = gr.Number(1.0, label="to t (0 noise, 1 data)", minimum=0, maximum=1)
                 with gr.Row():
-                    sampler = gr.Radio(["ode", "sde"], value=first["sampler"], label="sampler")
+                    sampler = gr.Radio(["ode", "sde", "meanflow"], value=first["sampler"], label="sampler",
+                                       info="meanflow: MeanFlow models only (1 step = 1 network call)")
                     method = gr.Dropdown(list(METHODS), value=first["method"], label="method")
                 steps = gr.Slider(1, MAX_STEPS, value=first["steps"], step=1, label="steps")
                 seed = gr.Number(0, label="seed", precision=0)
@@ -299,6 +303,8 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
         api = gr.Button(visible=False)  # the API's /generate: the same inputs, but an input error is an error
         api.click(generate, inputs, [grid, download, info], api_name="generate", **queued)
         load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load")
+        one_step_btn.click(lambda: (DEMO_1STEP, *load(DEMO_1STEP)), None,
+                           [name, classes, guidance, sampler, method, steps, about], api_visibility="private")
     app.queue(max_size=max_queue, default_concurrency_limit=1)
     return app
 

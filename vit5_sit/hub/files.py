@@ -25,6 +25,10 @@ DIFFUSERS_FILES = ("model_index.json", "pipeline_vit5_sit.py", "transformer/*", 
 MODEL_FILES = (CONFIG_FILE, LEGACY_WEIGHTS_FILE, CARD_FILE, METRICS_FILE, SAMPLES_FILE,
                *DIFFUSERS_FILES)  # what is downloaded and uploaded (file names and patterns)
 LIBRARY_NAME = "vit5-sit"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# The models bundled with the package, by the name every entry point takes (--ckpt, from_pretrained, the page):
+# the flow demo (ODE Euler 6 steps, guided) and the one-step MeanFlow demo (1 network call per image).
+BUNDLED_MODELS = {"demo": ASSETS / "demo", "demo-1step": ASSETS / "demo-1step"}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # the shape OWNER/NAME; `repo_id_problem` has the rules
 _REPO_PART = re.compile(r"^\w(?:[\w.-]{0,94}\w)?$", re.ASCII)  # the Hub's rule for the owner and the name
 
@@ -117,6 +121,8 @@ def resolve_model_path(spec: str | Path, *, revision: str | None = None, cache_d
     path = Path(spec)
     if path.exists():
         return path
+    if str(spec) in BUNDLED_MODELS:
+        return BUNDLED_MODELS[str(spec)]
     parsed = parse_repo_spec(str(spec))
     hint = missing_run_hint(str(spec))
     if hint is not None:  # runs/NAME: a run not trained yet, not a Hub repo of a user called "runs"

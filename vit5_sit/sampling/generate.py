@@ -62,10 +62,16 @@ def sampler_settings(base: SamplerConfig | None = None, mode: str | None = None,
     if mode is not None and mode != fields["mode"]:
         fields["mode"], fields["method"] = mode, "euler"
     if method is not None:
+        if fields["mode"] == "meanflow" and method != "euler":
+            raise ValueError(f"method {method!r}: a MeanFlow model samples with its own average-velocity steps, not "
+                             "an ODE/SDE method; leave out the method and set the steps (1 by default)")
         fields["method"] = method
     if steps is not None:
         fields["steps"] = steps
     if grid is not None:
+        if fields["mode"] == "meanflow":
+            raise ValueError(f"a time grid ({grid}) is for the ODE/SDE solvers; MeanFlow's steps are uniform: leave "
+                             "out the grid")
         fields["grid"] = grid
     if tol is not None:
         if fields["mode"] != "ode" or fields["method"] not in ODE_ADAPTIVE:

@@ -70,7 +70,7 @@ def test_pipeline_with_a_scheduler(model_dir):
     pipe.set_progress_bar_config(disable=True)
     out = pipe(class_labels=[1, 2, 3], seed=0, num_inference_steps=4, output_type="np", batch_size=2)
     whole = pipe(class_labels=[1, 2, 3], seed=0, num_inference_steps=4, output_type="np")
-    assert out.images.shape == (3, 8, 8, 1) and np.isfinite(out.images).all()
+    assert out.images.shape == (3, 8, 8, 3) and np.isfinite(out.images).all()  # RGB, as "pil" (#45)
     np.testing.assert_allclose(out.images, whole.images, atol=1e-6)  # batch size does not change an image
     with pytest.raises(ValueError, match="its scheduler"):
         pipe(class_labels=[1], method="heun")

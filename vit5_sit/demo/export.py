@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                    "demo model is vit5_sit/assets/demo)")
     e.add_argument("--cfg-scale", type=finite_float, default=None,
                    help="guidance scale of the model's grids in sample.py (log.sample_cfg_scale; default: the run's)")
-    e.add_argument("--sampler", choices=("ode", "sde"), default=None, help="sample.py's default sampler for "
-                   "this model (sampler.mode; default: the run's)")
+    e.add_argument("--sampler", choices=("ode", "sde", "meanflow"), default=None,
+                   help="sample.py's default sampler for this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
     e.add_argument("--steps", type=positive_int, default=None, help="sampler.steps (default: the run's)")
     e.add_argument("--no-samples", action="store_true", help="do not draw samples.png (the card then has no "

@@ -10,6 +10,12 @@ the MeanFlow runs' step budget is set from: equal training CPU time, not equal s
     python benchmarks/bench_meanflow.py --presets SiTRoPE-T/4 ViT5G-T/4 --threads 1 --iters 8
     python benchmarks/bench_meanflow.py --presets SiT-XL/2 ViT5G-XL/2 --input-size 32 --channels 4 \\
         --batch-size 32 --bf16 --compile   # GPU (benchmarks/run_gpu.sh)
+
+``--sampling``: the two bundled demos instead, 100 images each (10 classes x 10, seeds 0-99), with each model's
+own default sampler and guidance (the flow demo: ODE Euler 6 steps, guidance 6 = 12 network passes an image; the
+one-step demo: 1 pass), interleaved, the median of --iters rounds:
+
+    python benchmarks/bench_meanflow.py --sampling --threads 1 --iters 3
 """
 
 from __future__ import annotations
@@ -73,7 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--sampling", action="store_true", help="time the two bundled demos' sampling instead")
     args = p.parse_args(argv)
+    if args.sampling:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return sampling(args)
     args.device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -99,6 +110,33 @@ def main(argv: list[str] | None = None) -> None:
         fw, mw = statistics.median(wall["flow"]), statistics.median(wall["meanflow"])
         fc, mc = statistics.median(cpu["flow"]), statistics.median(cpu["meanflow"])
         print(f"| {name} | {fw:.0f} | {mw:.0f} | {mw / fw:.2f}x | {fc:.0f} | {mc:.0f} | {mc / fc:.2f}x |", flush=True)
+
+
+def sampling(args: argparse.Namespace) -> None:
+    from vit5_sit.pipeline import Vit5SitPipeline
+
+    labels = [c for c in range(10) for _ in range(10)]
+    pipes = {name: Vit5SitPipeline.from_pretrained(name) for name in ("demo", "demo-1step")}
+    for pipe in pipes.values():
+        pipe.set_progress_bar_config(disable=True)
+        pipe(class_labels=[0], seed=0)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in pipes}
+    for _ in range(args.iters):
+        for name, pipe in pipes.items():
+            start = time.perf_counter()
+            pipe(class_labels=labels, seed=0, batch_size=100)
+            times[name].append(time.perf_counter() - start)
+    print(f"threads {torch.get_num_threads()}, 100 images (10 classes x 10), median of {args.iters} rounds")
+    print("| model | sampler | network passes / image | s / 100 images | ms / image |")
+    print("|---|---|---|---|---|")
+    for name, pipe in pipes.items():
+        sc, scale = pipe.config.sampler, pipe.config.log.sample_cfg_scale
+        passes = sc.steps * (2 if scale != 1 else 1)
+        t = statistics.median(times[name])
+        print(f"| {name} | {sc.mode}/{sc.method} {sc.steps} steps, guidance {scale:g} | {passes} | {t:.2f} | "
+              f"{10 * t:.1f} |")
+    ratio = statistics.median(times["demo"]) / statistics.median(times["demo-1step"])
+    print(f"one-step demo: {ratio:.1f}x faster")
 
 
 if __name__ == "__main__":

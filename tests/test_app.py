@@ -76,6 +76,13 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
         assert np.array_equal(got, np.asarray(Image.open(tmp_path / "want.png")))
         with pytest.raises(Exception, match="class id 99 out of range"):
             client.predict(str(model_dir), "99", 1, 1.0, 0.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
+        # Values outside the page's widgets reach our checks (the setting and its range), not Gradio's wording.
+        with pytest.raises(Exception, match="images per class 999: choose a whole number in 1-"):
+            client.predict(str(model_dir), "1", 999, 1.0, 0.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
+        with pytest.raises(Exception, match=r"guidance_interval=\(2.0, 1.0\): must be in \[0, 1\]"):
+            client.predict(str(model_dir), "1", 1, 2.0, 2.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
+        with pytest.raises(Exception, match="steps 0: choose a whole number in 1-"):
+            client.predict(str(model_dir), "1", 1, 1.0, 0.0, 1.0, "ode", "euler", 0, 0, api_name="/generate")
     finally:
         page.close()
 

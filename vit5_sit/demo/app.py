@@ -301,7 +301,13 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
         queued = dict(concurrency_id="sampler", concurrency_limit=1)
         go.click(generate_on_page, inputs, [grid, download, info], api_visibility="private", **queued)
         api = gr.Button(visible=False)  # the API's /generate: the same inputs, but an input error is an error
-        api.click(generate, inputs, [grid, download, info], api_name="generate", **queued)
+        # ... and inputs of its own, without the widgets' bounds: a value outside them reaches generate_grid, whose
+        # message names the setting and its range, instead of Gradio's own wording from the slider's preprocess.
+        api_inputs = [gr.Textbox(visible=False), gr.Textbox(visible=False), gr.Number(visible=False),
+                      gr.Number(visible=False), gr.Number(visible=False), gr.Number(visible=False),
+                      gr.Textbox(visible=False), gr.Textbox(visible=False), gr.Number(visible=False),
+                      gr.Number(visible=False)]
+        api.click(generate, api_inputs, [grid, download, info], api_name="generate", **queued)
         load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load")
         one_step_btn.click(lambda: (DEMO_1STEP, *load(DEMO_1STEP)), None,
                            [name, classes, guidance, sampler, method, steps, about], api_visibility="private")

@@ -170,3 +170,36 @@ def test_bfloat16_loads_and_samples(outside, pipe):
     bf16 = np.load(out / "bf16.npy")
     ours = pipe([3, 7], seed=0, output_type="np").images
     assert np.abs(bf16 - ours).mean() < 0.05  # the same digits, to bfloat16's precision
+
+
+def test_one_step_demo_folder_loads_in_diffusers_without_the_package(tmp_path):
+    """The bundled MeanFlow demo, exported: diffusers' DiffusionPipeline (no vit5_sit importable) samples it in 1
+    and 2 steps, bit for bit as Vit5SitPipeline does; the scheduler's step loop, ODE Euler only, refuses it."""
+    from vit5_sit.hub.files import BUNDLED_MODELS
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    folder = export_model(BUNDLED_MODELS["demo-1step"], tmp_path / "one-step", samples=False)
+    calls = {"default": dict(class_labels=[0, 3, 7], seed=0),
+             "two": dict(class_labels=[1, 2], seed=4, num_inference_steps=2)}
+    script = OUTSIDE.split("# diffusers' own step loop")[0] + textwrap.dedent("""
+        sched = pipe.scheduler
+        try:
+            sched.set_timesteps(6)
+            result["loop"] = "ran"
+        except ValueError as e:
+            result["loop"] = str(e)
+        print(json.dumps(result))
+    """)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
+           "HF_MODULES_CACHE": str(out / "modules")}
+    proc = subprocess.run([sys.executable, "-c", script, str(folder), str(out), json.dumps(calls)],
+                          capture_output=True, text=True, env=env, cwd=out, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "this scheduler's sampler is meanflow" in result["loop"]
+    pipe = Vit5SitPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    for name, kwargs in calls.items():
+        assert np.array_equal(_ours(pipe, kwargs), np.load(out / f"{name}.npy")), name

@@ -166,10 +166,11 @@ def test_demo_export_makes_a_model_folder(run_dir, tmp_path, capsys):
 
     out = tmp_path / "exported"
     assert demo.main(["export", str(run_dir), "--out", str(out), "--cfg-scale", "2"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "ema.safetensors", "samples.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "model_index.json",
+                                                     "pipeline_vit5_sit.py", "samples.png", "scheduler", "transformer"]
     exported_cfg = load_config(out / "config.yaml")
     assert exported_cfg.log.sample_cfg_scale == 2.0 and exported_cfg.train.max_steps == 20
-    exported = load_file(str(out / "ema.safetensors"))
+    exported = load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors"))  # the one weights file
     newest = load_file(str(run_dir / "checkpoints" / "step_0000020" / "ema.safetensors"))
     assert exported.keys() == newest.keys()
     for k, v in exported.items():

@@ -280,7 +280,9 @@ def _member_problem(zf: zipfile.ZipFile, key: str) -> str | None:
         need = {"f": "real floating-point numbers", "u": "uint8 images", "iu": "integers", "US": "text"}[kinds]
         return f"{key} holds {what}; it must hold {need}"
     if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
-        shown = "(" + ", ".join("N" if w is None else str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
+        names = "NHW" if len(want) == 4 else "NDD"[:len(want)]  # images N x H x W x C; statistics N or D x D
+        shown = "(" + ", ".join(names[i] if w is None else str(w) for i, w in enumerate(want)) + (
+            "," if len(want) == 1 else "") + ")"
         return f"{key} has shape {tuple(shape)}; it must be {shown}"
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if declared > info.file_size:

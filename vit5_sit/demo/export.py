@@ -3,6 +3,7 @@
     python -m vit5_sit.demo export runs/mnist-vit5 --out my_model  # newest valid checkpoint; sample.py --ckpt my_model
     python -m vit5_sit.demo export runs/mnist-vit5 --out my_model --push me/vit5-mnist   # and upload it
     python -m vit5_sit.demo export vit5_sit/assets/demo --out demo-diffusers   # a model folder, in today's layout
+    python -m vit5_sit.demo export SiT-XL-2-256x256.pt --out sit-xl2-256 --no-samples   # an official SiT file
 
 ``--out`` is required: an export never replaces the bundled demo model unless told to (``--out
 vit5_sit/assets/demo``). The folder holds ``config.yaml`` (the run's resolved config), the EMA weights in float16
@@ -13,6 +14,11 @@ FOLDER`` draws: every class, 4 seeds each, with the folder's own sampler and gui
 out), ``README.md`` (a model card: preset, parameters, training, sampler defaults, the sample grid, and the
 metrics ``eval_fid.py compare`` measured for this checkpoint, also in ``metrics.json``). ``--push`` uploads it
 to a Hugging Face Hub model repo (see `vit5_sit.hub.api`).
+
+An official SiT ``.pt`` file converts to the same layout (`vit5_sit.hub.official`): ``--preset`` names its model
+(default SiT-XL/2), ``--image-size`` its resolution (default 256) and ``--vae`` the VAE stored in ``vae/`` (default
+stabilityai/sd-vae-ft-ema), as ``sample.py`` takes them; its weights stay float32. On a CPU, ``--no-samples``: the
+grid of an XL/2 model with SiT's 250-step sampler takes hours there.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ DEMO_MODEL = Path(__file__).parent.parent / "assets" / "demo"  # = vit5_sit.hub.
 
 
 def export_model(run_or_ckpt: str | Path, out: str | Path,
-                 dtype: torch.dtype | None = None,  # None = torch.float16: half the size
+                 dtype: torch.dtype | None = None,  # None = torch.float16 (half the size); official files: float32
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
-                 repo_id: str | None = None, samples: bool = True, progress: bool = False) -> Path:
+                 repo_id: str | None = None, samples: bool = True, progress: bool = False,
+                 preset: str | None = None, image_size: int | None = None, vae=None) -> Path:
     """Write ``out/config.yaml``, ``out/ema.safetensors``, ``out/samples.png`` (``samples``: see `draw_samples`)
     and the card ``out/README.md`` from a run or checkpoint folder (``repo_id``: the Hub repo the card's
     examples name).
@@ -46,7 +53,18 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by default (stored as the
     config's ``log.sample_cfg_scale``); None keeps the run's. ``sampler``: overrides of the config's sampler
     section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for this model).
+    ``preset``, ``image_size``, ``vae`` (a name, a folder or a loaded AutoencoderKL): official ``.pt`` files only
+    (defaults SiT-XL/2, 256, stabilityai/sd-vae-ft-ema), see `export_official`; for our folders they are an error.
     """
+    from vit5_sit.common.checks import ModelLoadError
+
+    if Path(run_or_ckpt).is_file():
+        return export_official(run_or_ckpt, out, preset=preset, image_size=image_size, vae=vae, dtype=dtype,
+                               cfg_scale=cfg_scale, sampler=sampler, repo_id=repo_id, samples=samples,
+                               progress=progress)
+    if preset is not None or image_size is not None or vae is not None:
+        raise ModelLoadError("--preset/--image-size/--vae apply to official .pt files only; this folder has its "
+                             "own config.yaml (its data.vae names the VAE)")
     import torch
     from safetensors.torch import load_file
 
@@ -79,6 +97,55 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     return out
 
 
+def export_official(path: str | Path, out: str | Path, *, preset: str | None = None, image_size: int | None = None,
+                    vae=None, dtype: torch.dtype | None = None, cfg_scale: float | None = None,
+                    sampler: list[str] | None = None, repo_id: str | None = None, samples: bool = True,
+                    progress: bool = False) -> Path:
+    """An official SiT file (a raw state dict, e.g. ``SiT-XL-2-256x256.pt``, read with ``weights_only=True``) as
+    a model folder: ``preset`` (default SiT-XL/2) at ``image_size`` pixels (default 256), SiT's ImageNet recipe
+    as its config (`vit5_sit.hub.official.official_config`), ``vae`` stored in ``vae/`` (default the config's:
+    stabilityai/sd-vae-ft-ema), float32 weights unless ``dtype`` says otherwise."""
+    import tempfile
+
+    from vit5_sit.common.checks import ModelLoadError
+    from vit5_sit.common.utils import atomic_write_text
+    from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError, load_config, save_config
+    from vit5_sit.data.vae import DEFAULT_VAE
+    from vit5_sit.hub.api import CARD_FILE, SAMPLES_FILE, model_card, write_model_folder
+    from vit5_sit.hub.model_files import load_for_sampling
+    from vit5_sit.hub.official import official_config
+
+    path = Path(path)
+    preset = preset or "SiT-XL/2"
+    size = 256 if image_size is None else image_size
+    if size % LATENT_DOWNSAMPLE:
+        raise ModelLoadError(f"--image-size {size}: official SiT models work on VAE latents, so the size must be "
+                             f"a multiple of {LATENT_DOWNSAMPLE} (256 for SiT-XL-2-256x256.pt)")
+    try:
+        model, _ = load_for_sampling(path, preset=preset, overrides={"input_size": size // LATENT_DOWNSAMPLE})
+    except ValueError as e:  # the file does not fit the preset: the error names the fields and the presets that fit
+        raise ModelLoadError(str(e)) from None
+    cfg = official_config(model.cfg, preset, str(vae) if isinstance(vae, str | Path) else DEFAULT_VAE, path)
+    if cfg_scale is not None or sampler:  # --cfg-scale / --sampler: overrides, checked as for our runs
+        extra = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                save_config(cfg, Path(tmp) / "config.yaml")
+                cfg = load_config(Path(tmp) / "config.yaml", extra + list(sampler or []))
+        except ConfigError as e:
+            raise ModelLoadError(str(e)) from None
+    (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
+    state = model.state_dict()
+    out = write_model_folder(out, state, cfg, dtype=dtype, source=str(path), repo_id=repo_id, vae=vae,
+                             converted_from=str(path))
+    if samples:
+        draw_samples(out, progress=progress)
+        num_params = sum(v.numel() for v in state.values())  # the card again, now showing the grid
+        atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, (), repo_id, has_samples=True,
+                                                      converted_from=str(path)))
+    return out
+
+
 def draw_samples(folder: str | Path, progress: bool = False) -> Path:
     """``folder/samples.png``: the grid ``python sample.py --ckpt FOLDER`` draws (every class of models with at
     most 16, else sample.py's default classes; 4 images each, seeds 0, 1, ...; the folder's sampler section and
@@ -106,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="export a run's EMA weights as a model folder")
-    e.add_argument("run", type=path_text, help="run folder (newest valid checkpoint) or checkpoint folder")
+    e.add_argument("run", type=path_text, help="run folder (newest valid checkpoint), checkpoint folder, model "
+                   "folder, or an official SiT .pt file")
     e.add_argument("--out", type=path_text, required=True, help="the model folder to write (required; the bundled "
                    "demo model is vit5_sit/assets/demo)")
     e.add_argument("--cfg-scale", type=finite_float, default=None,
@@ -115,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="sample.py's default sampler for this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
     e.add_argument("--steps", type=positive_int, default=None, help="sampler.steps (default: the run's)")
+    e.add_argument("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
+    e.add_argument("--image-size", type=positive_int, default=None,
+                   help="official .pt files only: the image size in pixels (default 256; the model's input is a "
+                        "1/8 of it in VAE latents)")
+    e.add_argument("--vae", type=path_text, default=None, metavar="NAME_OR_PATH",
+                   help="official .pt files only: the VAE stored in the folder's vae/ (hub name or folder; default "
+                        "stabilityai/sd-vae-ft-ema)")
     e.add_argument("--no-samples", action="store_true", help="do not draw samples.png (the card then has no "
                    "sample grid); by default the folder's own sampler and guidance draw it, as `sample.py --ckpt "
                    "FOLDER` does")
@@ -122,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
     args = p.parse_args(argv)
+    from vit5_sit.common.utils import check_choice
     from vit5_sit.config import ConfigError  # torch: imported after parsing, so --help is instant
+    from vit5_sit.data.vae import VAELoadError
     from vit5_sit.hub.api import HubError, parse_repo_spec, push_folder, repo_id_problem
+    from vit5_sit.models.presets import PRESETS
 
     if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):
         print(f"error: --push {args.push}: expected a Hub repo id OWNER/NAME, e.g. me/vit5-mnist", file=sys.stderr)
@@ -133,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         output_folder(args.out, "--out")  # a file there, a read-only folder: said before loading the run
+        if args.preset is not None:
+            check_choice("--preset", args.preset, PRESETS, error=UsageError)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -141,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                (("mode", args.sampler), ("method", method), ("steps", args.steps)) if value is not None]
     try:
         out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push,
-                           samples=not args.no_samples, progress=True)
-    except (ModelLoadError, ConfigError) as err:
+                           samples=not args.no_samples, progress=True, preset=args.preset,
+                           image_size=args.image_size, vae=args.vae)
+    except (ModelLoadError, ConfigError, VAELoadError) as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
         return 2
     except UsageError as err:  # the sample grid could not be drawn; the rest of the folder is written

@@ -164,8 +164,10 @@ def package_home() -> str | None:
 
 
 def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] = (),
-               repo_id: str | None = None, has_samples: bool = False) -> str:
-    """The README.md of a model folder or repo: Hub metadata (YAML) and what the model is, how to use it."""
+               repo_id: str | None = None, has_samples: bool = False, converted_from: str | None = None) -> str:
+    """The README.md of a model folder or repo: Hub metadata (YAML) and what the model is, how to use it.
+    ``converted_from``: the official SiT file the weights came from (`vit5_sit.hub.official`); None = trained
+    with vit5-sit."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from vit5_sit.config import LATENT_DOWNSAMPLE
@@ -192,7 +194,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
                   f"{m.input_size} latents)" if latent else f"{size}x{size} pixels, {m.in_channels} channel(s)"),
         ("classes", f"{m.num_classes} (label {m.num_classes} is the null label for guidance)"),
         ("training", f"{cfg.train.max_steps:,} steps of batch {cfg.train.global_batch_size}, lr {cfg.train.lr:g}, "
-                     f"EMA {cfg.train.ema_decay:g}, seed {cfg.train.seed}"),
+                     f"EMA {cfg.train.ema_decay:g}, seed {cfg.train.seed}" if converted_from is None else
+                     f"by SiT's authors: the official checkpoint `{Path(converted_from).name}`, converted"),
         ("dataset", f"{dataset} at {cfg.data.resolution}px"),
         ("transport", f"{cfg.transport.path} path, {cfg.transport.prediction} prediction"),
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
@@ -200,7 +203,10 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
     family = PRESET_FAMILIES.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
-             f"A class-conditional {family} denoiser (SiT interpolant flow matching) trained with vit5-sit. "
+             f"A class-conditional {family} denoiser (SiT interpolant flow matching) "
+             + ("trained with vit5-sit. " if converted_from is None else
+                f"from the official SiT checkpoint `{Path(converted_from).name}`, converted by vit5-sit. ")
+             +
              f"Files: `{CONFIG_FILE}` (the resolved training config), `{WEIGHTS_FILE}` (the EMA weights, read "
              "by both loaders below), and diffusers' layout: `model_index.json`, `transformer/` (the denoiser), "
              f"`scheduler/` (the default sampler){', `vae/`' if latent else ''} and the code of each as `.py` "
@@ -226,12 +232,18 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     if has_samples:
         lines += ["## Samples", "", f"![samples of every class row by row]({SAMPLES_FILE})", "",
                   f"`{SAMPLES_FILE}`: one row per class, drawn with the sampler defaults above.", ""]
-    lines += ["## Training", "",
-              f"Trained with vit5-sit's `train.py` on {dataset} at {cfg.data.resolution}px for "
-              f"{cfg.train.max_steps:,} optimizer steps of {cfg.train.global_batch_size} images "
-              f"({cfg.train.max_steps * cfg.train.global_batch_size:,} images seen), AdamW lr {cfg.train.lr:g}, "
-              f"EMA {cfg.train.ema_decay:g} (these are the EMA weights), training seed {cfg.train.seed}. "
-              f"`{CONFIG_FILE}` is the whole recipe: `python train.py --config {CONFIG_FILE}` trains it again.", "",
+    trained = (f"Trained with vit5-sit's `train.py` on {dataset} at {cfg.data.resolution}px for "
+               f"{cfg.train.max_steps:,} optimizer steps of {cfg.train.global_batch_size} images "
+               f"({cfg.train.max_steps * cfg.train.global_batch_size:,} images seen), AdamW lr {cfg.train.lr:g}, "
+               f"EMA {cfg.train.ema_decay:g} (these are the EMA weights), training seed {cfg.train.seed}. "
+               f"`{CONFIG_FILE}` is the whole recipe: `python train.py --config {CONFIG_FILE}` trains it again.")
+    if converted_from is not None:
+        trained = (f"Trained by SiT's authors (Ma et al., 2024) on ImageNet at {cfg.data.resolution}px; these are "
+                   f"the weights of their released file `{Path(converted_from).name}`, converted to this layout by "
+                   "`python -m vit5_sit.demo export` in float32 (the folder samples what the file samples). "
+                   f"`{CONFIG_FILE}` is SiT's ImageNet recipe around the model (vit5-sit's "
+                   "`configs/imagenet256/sit-xl2.yaml`); the file does not record its training steps.")
+    lines += ["## Training", "", trained, "",
               "## Intended use and limits", "",
               f"Research on transformer backbones for flow-matching generative models: sampling images of the "
               f"{m.num_classes} training classes, comparing backbones, measuring samplers. It generates only "
@@ -279,6 +291,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
                        source: str | None = None,          # recorded in the safetensors metadata
                        repo_id: str | None = None,         # named in the card's usage examples
                        vae=None,                           # latent models: the VAE to store; None = data.vae's
+                       converted_from: str | None = None,  # the official SiT file the weights came from
                        ) -> Path:
     """Write a model folder: config.yaml, the weights, README.md (the card), metrics.json (if any) and diffusers'
     layout (`vit5_sit.hub.layout`: model_index.json, the components' configs and code, a latent model's VAE)."""
@@ -304,7 +317,8 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
     else:
         (out / METRICS_FILE).unlink(missing_ok=True)  # a folder written again must not keep older metrics
     atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id,
-                                                  has_samples=(out / SAMPLES_FILE).is_file()))
+                                                  has_samples=(out / SAMPLES_FILE).is_file(),
+                                                  converted_from=converted_from))
     return out
 
 

@@ -1101,6 +1101,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
     def __init__(self, transformer: ModelMixin, scheduler: SchedulerMixin, vae: ModelMixin | None = None,
                  guidance_scale: float = 1.0) -> None:
         super().__init__()
+        if vae is not None:  # frozen as vit5_sit.data.vae.load_vae leaves it: CPU convolutions of weights that
+            vae.requires_grad_(False)  # need no grad round differently, and the images must be the same
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
         self.register_to_config(guidance_scale=guidance_scale)
 

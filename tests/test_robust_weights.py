@@ -8,9 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vit5_sit.common.checks import ModelLoadError, tensors_problem
+from vit5_sit.hub.files import WEIGHTS_FILE
 from vit5_sit.hub.model_files import DEMO_MODEL, check_model, load_for_sampling
 
-DEMO_WEIGHTS = DEMO_MODEL / "ema.safetensors"
+DEMO_WEIGHTS = DEMO_MODEL / WEIGHTS_FILE
 
 
 def _spoil(state: dict, kind: str) -> tuple[dict, str]:

@@ -143,7 +143,8 @@ def load_model(args) -> Loaded:
     if args.ckpt is None:
         if not (DEMO_MODEL / "config.yaml").is_file():
             raise UsageError(f"--ckpt not given and the bundled demo model is missing ({DEMO_MODEL} should "
-                             "hold config.yaml and ema.safetensors); pass --ckpt RUN_OR_CHECKPOINT")
+                             "hold config.yaml and transformer/diffusion_pytorch_model.safetensors); pass --ckpt "
+                             "RUN_OR_CHECKPOINT")
         path = DEMO_MODEL
     else:
         try:

@@ -1,13 +1,15 @@
 """The Hugging Face Hub: model folders that travel as Hub repos, with a generated model card.
 
 A model folder (the layout of the bundled demo) holds ``config.yaml`` (the run's resolved config, with
-``train.max_steps`` set to the exported step), ``ema.safetensors`` (the EMA weights), ``README.md`` (the
-model card: preset, parameters, training steps, dataset, sampler defaults, measured metrics) and, when
-metrics were measured, ``metrics.json``. A Hub model repo holds the same files.
+``train.max_steps`` set to the exported step), ``transformer/diffusion_pytorch_model.safetensors`` (the EMA
+weights; ``ema.safetensors`` in folders written before diffusers' layout, still read), ``README.md`` (the model
+card: preset, parameters, training steps, dataset, sampler defaults, measured metrics), ``metrics.json`` when
+metrics were measured, and the rest of diffusers' layout (`vit5_sit.hub.layout`). A Hub model repo holds the same
+files.
 
     from vit5_sit.hub.api import PretrainedModel
     m = PretrainedModel.from_pretrained("runs/mnist-vit5")      # a run, checkpoint or model folder, or a repo id
-    m.save_pretrained("my-model")                               # config.yaml, ema.safetensors, README.md
+    m.save_pretrained("my-model")                               # config.yaml, the weights, README.md, ...
     m.push_to_hub("me/vit5-mnist")                              # the same files, uploaded with huggingface_hub
 
 Everything that reads a model (``sample.py --ckpt``, ``eval_fid.py compare``, the pipeline, the web demo)

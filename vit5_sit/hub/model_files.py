@@ -3,7 +3,8 @@
 Accepted paths:
 - a run folder (``runs/NAME``, holding ``config.yaml`` and ``checkpoints/``): its newest valid checkpoint;
 - a checkpoint folder (``runs/NAME/checkpoints/step_0001000``): config from the run folder;
-- a model folder (``config.yaml`` beside ``ema.safetensors`` or ``model.safetensors``; the bundled demo);
+- a model folder (``config.yaml`` beside ``transformer/diffusion_pytorch_model.safetensors``, the bundled demos'
+  layout, or ``ema.safetensors`` / ``model.safetensors`` in older folders);
 - an official SiT ``.pt`` file (raw EMA state dict or training checkpoint), with a preset naming its model;
 - a Hugging Face Hub repo id (``owner/name``, ``owner/name@revision``) holding a model folder (`vit5_sit.hub.api`).
 """

@@ -234,6 +234,20 @@ def test_export_writes_card_with_the_measured_metrics_of_that_step(tmp_path):
     assert again.metrics == metrics
 
 
+def test_collect_metrics_adds_the_studys_digit_accuracy_of_the_same_samples(tmp_path):
+    """The study's evaluation caches digit accuracy beside the metrics (step_N.digits-*.json); the card takes it
+    when it was measured on the same samples (the same sha256), never another sample set's."""
+    cache = tmp_path / "eval" / "n1000_seed0_meanflow_euler_1steps_cfg1"
+    cache.mkdir(parents=True)
+    key = {"reference": {"path": "/x/reference.npz"}, "samples": "aa"}
+    (cache / "step_0000030.metrics-1.json").write_text(json.dumps({"key": key, "result": {"fid": 111.3}}))
+    (cache / "step_0000030.digits-1.json").write_text(json.dumps({"key": {"samples": "bb"}, "digit_accuracy": 0.5}))
+    assert [set(r) - {"settings", "step", "reference"} for r in hub.collect_metrics(tmp_path, 30)] == [{"fid"}]
+    (cache / "step_0000030.digits-2.json").write_text(json.dumps({"key": {"samples": "aa"}, "digit_accuracy": 0.994}))
+    (row,) = hub.collect_metrics(tmp_path, 30)
+    assert row["fid"] == 111.3 and row["digit_accuracy"] == 0.994
+
+
 def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, capsys):
     from vit5_sit.cli.sample import main as sample_main
 

@@ -102,8 +102,23 @@ def collect_metrics(run_dir: str | Path, step: int) -> list[dict]:
         reference = key.get("reference")
         reference = Path(reference["path"]).name if isinstance(reference, dict) and "path" in reference else None
         found.append({"settings": path.parent.name, "step": step, "reference": reference,
-                      **{k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}})
+                      **{k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+                      **_digit_accuracy(path.parent, step, key.get("samples"))})
     return found
+
+
+def _digit_accuracy(folder: Path, step: int, samples: object) -> dict:
+    """The digit accuracy the study's evaluation cached for the same samples (RUN/eval/<settings>/
+    step_N.digits-*.json, `vit5_sit.study.runner`), as {"digit_accuracy": x}; {} if there is none."""
+    for path in sorted(folder.glob(f"step_{step:07d}.digits-*.json")):
+        try:
+            cached = json.loads(path.read_bytes())
+            value, key = cached["digit_accuracy"], cached["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if samples is not None and isinstance(key, dict) and key.get("samples") == samples and _is_number(value):
+            return {"digit_accuracy": value}
+    return {}
 
 
 def _is_number(value) -> bool:

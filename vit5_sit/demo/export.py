@@ -44,8 +44,9 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None, samples: bool = True, progress: bool = False,
                  preset: str | None = None, image_size: int | None = None, vae=None) -> Path:
-    """Write ``out/config.yaml``, ``out/ema.safetensors``, ``out/samples.png`` (``samples``: see `draw_samples`)
-    and the card ``out/README.md`` from a run or checkpoint folder (``repo_id``: the Hub repo the card's
+    """Write ``out/config.yaml``, the weights (``transformer/diffusion_pytorch_model.safetensors``) with the rest
+    of diffusers' layout, ``out/samples.png`` (``samples``: see `draw_samples`) and the card ``out/README.md``
+    from a run, checkpoint or model folder, or an official ``.pt`` file (``repo_id``: the Hub repo the card's
     examples name).
 
     The config is the run's with ``train.max_steps`` set to the exported checkpoint's step (the recipe that

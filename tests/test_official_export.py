@@ -72,7 +72,7 @@ def test_official_file_converts_to_both_layouts(official, folder):
     assert cfg.model_config() == create_model("SiT-T/2", input_size=4).cfg
     card = (folder / "README.md").read_text()
     assert "official SiT checkpoint `SiT-T-2-32x32.pt`" in card and "Trained by SiT's authors" in card
-    assert "trained with vit5-sit" not in card
+    assert "trained with vit5-sit" not in card and "| dataset | ImageNet (SiT's training set) at 32px |" in card
 
 
 def test_folder_samples_what_the_file_samples(official, folder, tmp_path):

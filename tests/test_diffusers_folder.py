@@ -34,8 +34,9 @@ CALLS = {  # name -> keyword arguments of both pipelines' calls
     "latent": dict(class_labels=[9], seed=3, output_type="latent"),
 }
 
-# Runs in a fresh Python: vit5_sit and torchdiffeq cannot be imported, the checkout is not on the path.
-OUTSIDE = textwrap.dedent("""
+# The start of every script run in a fresh Python where vit5_sit and torchdiffeq cannot be imported and the
+# checkout is not on the path (`run_without_package`).
+WITHOUT_PACKAGE = textwrap.dedent("""
     import importlib.abc, json, os, sys
     class Blocked(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
@@ -48,6 +49,20 @@ OUTSIDE = textwrap.dedent("""
         sys.exit("vit5_sit could be imported")
     except ImportError:
         pass
+""")
+
+
+def run_without_package(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``WITHOUT_PACKAGE + script`` in a fresh Python, offline, with its own diffusers modules cache in ``cwd``."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
+           "HF_MODULES_CACHE": str(cwd / "modules")}
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGE + textwrap.dedent(script), *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+OUTSIDE = textwrap.dedent("""
     import numpy as np, torch
     from diffusers import DiffusionPipeline
     folder, out = sys.argv[1], sys.argv[2]
@@ -90,11 +105,7 @@ def folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def outside(folder, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("outside")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
-           "HF_MODULES_CACHE": str(out / "modules")}
-    proc = subprocess.run([sys.executable, "-c", OUTSIDE, str(folder), str(out), json.dumps(CALLS)],
-                          capture_output=True, text=True, env=env, cwd=out, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_without_package(OUTSIDE, [str(folder), str(out), json.dumps(CALLS)], out)
     return out, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -192,11 +203,7 @@ def test_one_step_demo_folder_loads_in_diffusers_without_the_package(tmp_path):
     """)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
-           "HF_MODULES_CACHE": str(out / "modules")}
-    proc = subprocess.run([sys.executable, "-c", script, str(folder), str(out), json.dumps(calls)],
-                          capture_output=True, text=True, env=env, cwd=out, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_without_package(script, [str(folder), str(out), json.dumps(calls)], out)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "this scheduler's sampler is meanflow" in result["loop"]
     pipe = Vit5SitPipeline.from_pretrained(folder)

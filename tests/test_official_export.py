@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
+from test_diffusers_folder import run_without_package
 
 from vit5_sit.cli.sample import build_parser, run
 from vit5_sit.config import load_config
@@ -92,14 +90,7 @@ def test_folder_samples_what_the_file_samples(official, folder, tmp_path):
 @pytest.mark.slow
 def test_diffusers_alone_samples_the_converted_folder(folder, tmp_path):
     """The folder with its vae/ in a Python where vit5_sit cannot be imported: the pipeline's images, bit for bit."""
-    script = textwrap.dedent("""
-        import importlib.abc, os, sys
-        class Blocked(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("vit5_sit", "torchdiffeq"):
-                    raise ImportError(f"{name}: not installed here")
-        sys.meta_path.insert(0, Blocked())
-        sys.path = [p for p in sys.path if p not in ("", ".") and not p.startswith(os.environ["CHECKOUT"])]
+    script = """
         import numpy as np
         from diffusers import DiffusionPipeline
         pipe = DiffusionPipeline.from_pretrained(sys.argv[1], trust_remote_code=True)
@@ -107,12 +98,8 @@ def test_diffusers_alone_samples_the_converted_folder(folder, tmp_path):
         images = pipe(class_labels=[3, 7], seed=0, num_inference_steps=2, output_type="np").images
         np.save(sys.argv[2], images)
         print(type(pipe.vae).__name__)
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKOUT": str(ROOT), "PYTHONPATH": "",
-           "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "theirs.npy")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """
+    proc = run_without_package(script, [str(folder), str(tmp_path / "theirs.npy")], tmp_path)
     assert proc.stdout.strip().splitlines()[-1] == "AutoencoderKL"
     pipe = Vit5SitPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vit5_sit.config import ConfigError, load_config, save_config
+from vit5_sit.config import ConfigError, load_config, save_config, with_overrides
 
 ROOT = Path(__file__).parent.parent
 # Experiment configs; configs/study/ holds study specs (python -m vit5_sit.study), tested in test_study.py.
@@ -66,6 +66,18 @@ def test_saved_config_round_trips(tmp_path):
     assert again.model_config() == cfg.model_config()
     assert again.name == "abl"
 
+
+
+def test_overrides_on_a_built_config_equal_the_saved_file_loaded_with_them(tmp_path):
+    cfg = load_config("configs/mnist/vit5g.yaml")
+    extra = ["log.sample_cfg_scale=2.5", "sampler.method=heun", "sampler.steps=9"]
+    save_config(cfg, tmp_path / "config.yaml")
+    assert with_overrides(cfg, extra) == load_config(tmp_path / "config.yaml", extra)
+    assert with_overrides(cfg, []) is cfg
+    for bad, message in (("sampler.steps=0", "sampler.steps"), ("sampler.nope=1", "nope"), ("x", "key=value")):
+        with pytest.raises(ConfigError, match=message):
+            with_overrides(cfg, [bad])
+    assert cfg.sampler.steps != 9  # the config it was given is left as it was
 
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):

@@ -193,6 +193,16 @@ def read_yaml_file(path: str | Path, kind: str = "config file", fix: str = "give
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML config (or start from the defaults) and apply ``key=value`` overrides."""
     raw: dict[str, Any] = {} if path is None else _read_config_file(Path(path), ())
+    return from_dict(_overridden(raw, overrides))
+
+
+def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...]) -> ExperimentConfig:
+    """``cfg`` with ``key=value`` overrides applied, checked as `load_config` checks a file's (a built config
+    gets the same errors as the file it could have been saved to)."""
+    return from_dict(_overridden(to_dict(cfg), overrides)) if overrides else cfg
+
+
+def _overridden(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -201,7 +211,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"override {shown(item, quote=True)}: base: is read from a config file, not the command "
                               "line; give that file as --config (overrides apply on top of it)")
         _set_dotted(raw, key.strip(), value.strip())
-    return from_dict(raw)
+    return raw
 
 
 MAX_BASE_DEPTH = 8  # how many `base:` files one config may stack

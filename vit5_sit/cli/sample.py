@@ -52,7 +52,6 @@ from vit5_sit.common.classes import DEFAULT_IMAGENET_CLASSES, MAX_GRID_CLASSES
 from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import quiet_when_piped
 
-OFFICIAL_IMAGE_SIZE = 256    # official SiT files: SiT-XL-2-256x256.pt
 NPZ_DEFAULT_SAMPLES = 50_000
 PART_SIZE = 256              # vit5_sit.sampling.generate.PART_SIZE (not imported: --help stays fast)
 MAX_IMAGE_SIZE = 9_459       # pixels a side: isqrt(generate.MAX_GRID_PIXELS), the largest image PIL opens
@@ -131,8 +130,14 @@ class Loaded:
 
 def load_model(args) -> Loaded:
     from vit5_sit.common.utils import check_choice
-    from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError
-    from vit5_sit.hub.model_files import DEMO_MODEL, ModelLoadError, load_for_sampling, local_model_path
+    from vit5_sit.config import LATENT_DOWNSAMPLE
+    from vit5_sit.hub.model_files import (
+        DEMO_MODEL,
+        ModelLoadError,
+        load_for_sampling,
+        load_official,
+        local_model_path,
+    )
     from vit5_sit.models import PRESETS
 
     if args.one_step:
@@ -161,21 +166,13 @@ def load_model(args) -> Loaded:
         raise UsageError(f"--preset: applies to official .pt files only; {path} has its own config.yaml")
     if args.preset is not None:
         check_choice("--preset", args.preset, PRESETS, error=UsageError)
-    overrides = None
-    if official:
-        size = args.image_size or OFFICIAL_IMAGE_SIZE
-        if size % LATENT_DOWNSAMPLE:
-            raise UsageError(f"--image-size {size}: official SiT models work on VAE latents, so the size "
-                             f"must be a multiple of {LATENT_DOWNSAMPLE} (256 for SiT-XL-2-256x256.pt)")
-        overrides = {"input_size": size // LATENT_DOWNSAMPLE}
     try:
-        model, cfg = load_for_sampling(path, preset=args.preset, overrides=overrides, device="cpu")
-    except (ModelLoadError, ConfigError, FileNotFoundError) as e:
-        raise UsageError(f"--ckpt: {e}") from None
-    except ValueError as e:  # an official file that does not fit the preset
-        size = official and "input_size=" in str(e)
-        hint = " (--image-size sets the official model's input_size: image size / 8)" if size else ""
-        raise UsageError(f"--ckpt: {e}{hint}") from None
+        if official:
+            model, cfg = load_official(path, args.preset, args.image_size), None
+        else:
+            model, cfg = load_for_sampling(path, device="cpu")
+    except (ModelLoadError, ValueError, FileNotFoundError) as e:  # ValueError: ConfigError, a file that does not fit
+        raise UsageError(str(e) if str(e).startswith("--image-size") else f"--ckpt: {e}") from None
     latent = official or (cfg is not None and cfg.data.kind == "latents")
     factor = LATENT_DOWNSAMPLE if latent else 1
     input_size = model.cfg.input_size

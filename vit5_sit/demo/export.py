@@ -106,35 +106,23 @@ def export_official(path: str | Path, out: str | Path, *, preset: str | None = N
     a model folder: ``preset`` (default SiT-XL/2) at ``image_size`` pixels (default 256), SiT's ImageNet recipe
     as its config (`vit5_sit.hub.official.official_config`), ``vae`` stored in ``vae/`` (default the config's:
     stabilityai/sd-vae-ft-ema), float32 weights unless ``dtype`` says otherwise."""
-    import tempfile
-
     from vit5_sit.common.checks import ModelLoadError
     from vit5_sit.common.utils import atomic_write_text
-    from vit5_sit.config import LATENT_DOWNSAMPLE, ConfigError, load_config, save_config
+    from vit5_sit.config import ConfigError, with_overrides
     from vit5_sit.data.vae import DEFAULT_VAE
     from vit5_sit.hub.api import CARD_FILE, SAMPLES_FILE, model_card, write_model_folder
-    from vit5_sit.hub.model_files import load_for_sampling
+    from vit5_sit.hub.model_files import OFFICIAL_PRESET, load_official
     from vit5_sit.hub.official import official_config
 
     path = Path(path)
-    preset = preset or "SiT-XL/2"
-    size = 256 if image_size is None else image_size
-    if size % LATENT_DOWNSAMPLE:
-        raise ModelLoadError(f"--image-size {size}: official SiT models work on VAE latents, so the size must be "
-                             f"a multiple of {LATENT_DOWNSAMPLE} (256 for SiT-XL-2-256x256.pt)")
-    try:
-        model, _ = load_for_sampling(path, preset=preset, overrides={"input_size": size // LATENT_DOWNSAMPLE})
-    except ValueError as e:  # the file does not fit the preset: the error names the fields and the presets that fit
-        raise ModelLoadError(str(e)) from None
+    preset = preset or OFFICIAL_PRESET
+    model = load_official(path, preset, image_size)
     cfg = official_config(model.cfg, preset, str(vae) if isinstance(vae, str | Path) else DEFAULT_VAE, path)
-    if cfg_scale is not None or sampler:  # --cfg-scale / --sampler: overrides, checked as for our runs
-        extra = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                save_config(cfg, Path(tmp) / "config.yaml")
-                cfg = load_config(Path(tmp) / "config.yaml", extra + list(sampler or []))
-        except ConfigError as e:
-            raise ModelLoadError(str(e)) from None
+    extra = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
+    try:  # --cfg-scale / --sampler: overrides, checked as for our runs
+        cfg = with_overrides(cfg, extra + list(sampler or []))
+    except ConfigError as e:
+        raise ModelLoadError(str(e)) from None
     (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
     state = model.state_dict()
     out = write_model_folder(out, state, cfg, dtype=dtype, source=str(path), repo_id=repo_id, vae=vae,

@@ -132,6 +132,31 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     return model.to(device).eval(), cfg
 
 
+
+OFFICIAL_PRESET = "SiT-XL/2"   # what an official SiT file is taken for unless told: SiT-XL-2-256x256.pt
+OFFICIAL_IMAGE_SIZE = 256
+
+
+def load_official(path: str | Path, preset: str | None = None, image_size: int | None = None,
+                  device: torch.device | str = "cpu") -> Denoiser:
+    """An official SiT ``.pt`` file as a model in eval mode: ``preset`` (default SiT-XL/2) for images of
+    ``image_size`` pixels (default 256; the model works on latents of image_size / 8). One line
+    (`ModelLoadError`) for a size that is no multiple of 8 or a file that does not fit: the fields that differ,
+    the presets that fit it, and where the input size differs, that ``--image-size`` sets it."""
+    from vit5_sit.config import LATENT_DOWNSAMPLE
+
+    size = OFFICIAL_IMAGE_SIZE if image_size is None else image_size
+    if size % LATENT_DOWNSAMPLE:
+        raise ModelLoadError(f"--image-size {size}: official SiT models work on VAE latents, so the size must be "
+                             f"a multiple of {LATENT_DOWNSAMPLE} (256 for SiT-XL-2-256x256.pt)")
+    try:
+        model, _ = load_for_sampling(path, preset=preset or OFFICIAL_PRESET,
+                                     overrides={"input_size": size // LATENT_DOWNSAMPLE}, device=device)
+    except StateDictMismatch as e:
+        hint = " (--image-size sets the official model's input_size: image size / 8)" if "input_size=" in str(e) else ""
+        raise ModelLoadError(f"{e}{hint}") from None
+    return model
+
 def check_model(path: str | Path, use_ema: bool = True) -> None:
     """What `load_for_sampling` checks of one of our folders (run, checkpoint or model folder; not official
     files), without building the model: for commands that load many models one after another (compare),

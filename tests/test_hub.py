@@ -266,6 +266,22 @@ def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, c
     assert not (out / hub.SAMPLES_FILE).exists() and "## Samples" not in (out / "README.md").read_text()
 
 
+
+def test_card_recommendation_is_the_generation_studys_report():
+    """The numbers and verdicts every card states (vit5_sit.hub.advice) are the study's committed report."""
+    from vit5_sit.hub.advice import GENERATION_STUDY, VERDICT
+
+    study = json.loads((Path(__file__).parents[1] / "docs/study/generation/study.json").read_text())
+    last = max(study["steps"])
+    cells = {(a["arm"], a["cfg_scale"]): (round(a["mean"], 1), round(a["sd"], 1), a["n"])
+             for a in study["aggregate"]["fid"] if a["step"] == last}
+    assert {k: cells[k] for k in GENERATION_STUDY} == GENERATION_STUDY
+    picks = {d["cfg_scale"]: d["winner"] if d["resolved"] else d["reference"] for d in study["decisions"]}
+    assert picks == VERDICT
+    card = hub.model_card(load_config("configs/mnist/vit5g.yaml"), 1000)
+    assert "## Choosing a backbone" in card and "**Without guidance: `SiTRoPE-*`** (SiT + 2D RoPE 55.1 ± 1.9" in card
+    assert "bit for bit only with the same vit5-sit version" in card
+
 def test_bundled_demo_loads():
     m = hub.PretrainedModel.from_pretrained()
     assert m.model.cfg.num_classes == 10 and m.num_parameters() > 1_000_000

@@ -30,6 +30,7 @@ import torch
 
 from vit5_sit.common.utils import atomic_write_bytes, atomic_write_text
 from vit5_sit.config import ExperimentConfig, load_config, save_config
+from vit5_sit.hub.advice import backbone_advice, retraining_note
 from vit5_sit.hub.files import (  # noqa: F401  (re-exported: the Hub's names in one module for users)
     CARD_FILE,
     CONFIG_FILE,
@@ -255,14 +256,15 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
                f"{cfg.train.max_steps:,} optimizer steps of {cfg.train.global_batch_size} images "
                f"({cfg.train.max_steps * cfg.train.global_batch_size:,} images seen), AdamW lr {cfg.train.lr:g}, "
                f"EMA {cfg.train.ema_decay:g} (these are the EMA weights), training seed {cfg.train.seed}. "
-               f"`{CONFIG_FILE}` is the whole recipe: `python train.py --config {CONFIG_FILE}` trains it again.")
+               f"`{CONFIG_FILE}` is the whole recipe: `python train.py --config {CONFIG_FILE}` trains it again. "
+               + retraining_note())
     if converted_from is not None:
         trained = (f"Trained by SiT's authors (Ma et al., 2024) on ImageNet at {cfg.data.resolution}px; these are "
                    f"the weights of their released file `{Path(converted_from).name}`, converted to this layout by "
                    "`python -m vit5_sit.demo export` in float32 (the folder samples what the file samples). "
                    f"`{CONFIG_FILE}` is SiT's ImageNet recipe around the model (vit5-sit's "
                    "`configs/imagenet256/sit-xl2.yaml`); the file does not record its training steps.")
-    lines += ["## Training", "", trained, "",
+    lines += ["## Training", "", trained, "", *backbone_advice(cfg),
               "## Intended use and limits", "",
               f"Research on transformer backbones for flow-matching generative models: sampling images of the "
               f"{m.num_classes} training classes, comparing backbones, measuring samplers. It generates only "

@@ -1,0 +1,57 @@
+"""What the generation study says about picking a backbone, and what a re-training gives, for model cards.
+
+The numbers are the study's report at its last step (docs/study/generation/study.json: FID-1000, ODE Euler 6;
+tests/test_hub.py checks them and the verdicts against that file), so every card states the recommendation that
+docs/study and the README state.
+"""
+
+from __future__ import annotations
+
+from vit5_sit.config import ExperimentConfig
+
+# (arm, cfg scale) -> (mean FID-1000, sd, training seeds) at 3,600 steps: docs/study/generation/study.json
+GENERATION_STUDY: dict[tuple[str, float], tuple[float, float, int]] = {
+    ("sit-rope", 1.0): (55.1, 1.9, 5), ("sit-rope", 6.0): (67.5, 3.5, 5),
+    ("vit5-nols", 1.0): (61.9, 3.6, 5), ("vit5-nols", 6.0): (67.4, 2.2, 5),
+    ("nols-no-registers", 1.0): (56.4, 1.1, 3), ("nols-no-registers", 6.0): (65.2, 1.8, 3),
+    ("sit", 1.0): (69.3, 7.5, 3), ("sit", 6.0): (76.8, 4.2, 3),
+}
+# the pre-registered rule's pick (the study's `decision`), unguided and guided
+VERDICT = {1.0: "sit-rope", 6.0: "vit5-nols"}
+STUDY_FAMILIES = ("SiT", "SiTRoPE", "ViT5G", "ViT5")  # presets the study (or the component study before it) ranks
+
+
+def _fid(arm: str, cfg_scale: float) -> str:
+    mean, sd, n = GENERATION_STUDY[(arm, cfg_scale)]
+    return f"{mean:.1f} ± {sd:.1f} over {n} seeds"
+
+
+def backbone_advice(cfg: ExperimentConfig) -> list[str]:
+    """The card's "Choosing a backbone" section (markdown lines); none for a preset family the study did not
+    compare."""
+    if cfg.model.preset.split("-")[0] not in STUDY_FAMILIES:
+        return []
+    return [
+        "## Choosing a backbone", "",
+        "vit5-sit's generation study (`docs/study` in vit5-sit's repository: MNIST at 32 px, T/4 models of 4.2M "
+        "parameters trained 3,600 steps, sampled with ODE Euler 6; FID-1000 against all 5,000 digits, mean ± sd "
+        "over training seeds, lower is better) recommends:", "",
+        f"- **Without guidance: `SiTRoPE-*`** (SiT + 2D RoPE {_fid('sit-rope', 1.0)}, against ViT5G's "
+        f"{_fid('vit5-nols', 1.0)}; ahead on 4 of 5 paired seeds, paired 95% t-interval [-13.3, -0.3]).",
+        f"- **With guidance (cfg 6): `ViT5G-*`** (the default): ViT5G {_fid('vit5-nols', 6.0)} and SiT + RoPE "
+        f"{_fid('sit-rope', 6.0)} are level in FID, and ViT5G has the better sFID and precision.",
+        f"- Vanilla `SiT-*` trails both ways ({_fid('sit', 1.0)} / {_fid('sit', 6.0)}); the paper's `ViT5-*` "
+        "(LayerScale 1e-4) trails ViT5G for generation. Under MeanFlow (one step) SiT + RoPE and ViT5G are level.",
+        "",
+        "Whether this holds for larger models and ImageNet was not measured (vit5-sit's `configs/imagenet256/` "
+        "has the GPU runs that would tell).", "",
+    ]
+
+
+def retraining_note() -> str:
+    """What training a card's config again gives: the sentence the card's Training section ends with."""
+    return ("Training it again with the same seed gives these weights bit for bit only with the same vit5-sit "
+            "version (its per-step seed rule), thread count, torch build and CPU, however often the run stops "
+            "and resumes (`--resume auto` is exact); otherwise it gives another draw of the recipe: compare it "
+            "with the recipe's spread over training seeds (in the study, an sd of 1.9-3.6 FID-1000 at 3,600 "
+            "steps), not with these weights' digits.")

@@ -132,7 +132,6 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
     return model.to(device).eval(), cfg
 
 
-
 OFFICIAL_PRESET = "SiT-XL/2"   # what an official SiT file is taken for unless told: SiT-XL-2-256x256.pt
 OFFICIAL_IMAGE_SIZE = 256
 
@@ -156,6 +155,7 @@ def load_official(path: str | Path, preset: str | None = None, image_size: int |
         hint = " (--image-size sets the official model's input_size: image size / 8)" if "input_size=" in str(e) else ""
         raise ModelLoadError(f"{e}{hint}") from None
     return model
+
 
 def check_model(path: str | Path, use_ema: bool = True) -> None:
     """What `load_for_sampling` checks of one of our folders (run, checkpoint or model folder; not official

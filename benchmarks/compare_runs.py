@@ -19,14 +19,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
-from vit5_sit.train.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint  # noqa: E402
-
-
-def optimizer_moments(state: dict) -> dict[str, torch.Tensor]:
-    """The AdamW moments of a training state, keyed 'param.moment' (the per-parameter step counts included)."""
-    entries = (state.get("optimizer") or {}).get("state") or {}
-    return {f"{i}.{k}": v if torch.is_tensor(v) else torch.tensor(v)
-            for i, entry in entries.items() for k, v in entry.items()}
+from vit5_sit.train.checkpoint import (  # noqa: E402
+    CheckpointError,
+    checkpoint_dir,
+    load_checkpoint,
+    optimizer_moments,
+)
 
 
 def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[int, int, float, list[str]]:
@@ -35,7 +33,7 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[int
     shared = sorted(set(a) & set(b))
     differ, largest = 0, 0.0
     for k in shared:
-        x, y = a[k].double(), b[k].double()
+        x, y = torch.as_tensor(a[k]).double(), torch.as_tensor(b[k]).double()
         if x.shape != y.shape:
             differ, largest = differ + 1, float("inf")
             continue

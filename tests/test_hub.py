@@ -269,7 +269,7 @@ def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, c
 
 def test_card_recommendation_is_the_generation_studys_report():
     """The numbers and verdicts every card states (vit5_sit.hub.advice) are the study's committed report."""
-    from vit5_sit.hub.advice import GENERATION_STUDY, VERDICT
+    from vit5_sit.hub.advice import GENERATION_STUDY, UNGUIDED_PAIRED, VERDICT
 
     study = json.loads((Path(__file__).parents[1] / "docs/study/generation/study.json").read_text())
     last = max(study["steps"])
@@ -278,6 +278,12 @@ def test_card_recommendation_is_the_generation_studys_report():
     assert {k: cells[k] for k in GENERATION_STUDY} == GENERATION_STUDY
     picks = {d["cfg_scale"]: d["winner"] if d["resolved"] else d["reference"] for d in study["decisions"]}
     assert picks == VERDICT
+    unguided = next(d for d in study["decisions"] if d["cfg_scale"] == 1.0)
+    pair = next(c for c in unguided["comparisons"] if (c["arm"], c["against"]) == (VERDICT[1.0], "vit5-nols"))
+    fid = {(r["arm"], r["seed"]): r["fid"] for r in study["rows"]
+           if r["step"] == last and r["cfg_scale"] == 1.0 and r.get("sample_seed", 0) == 0}
+    ahead = sum(fid[(VERDICT[1.0], s)] < fid[("vit5-nols", s)] for s in pair["shared"])
+    assert UNGUIDED_PAIRED == (ahead, len(pair["shared"]), tuple(round(x, 1) for x in pair["paired_t"]))
     card = hub.model_card(load_config("configs/mnist/vit5g.yaml"), 1000)
     assert "## Choosing a backbone" in card and "**Without guidance: `SiTRoPE-*`** (SiT + 2D RoPE 55.1 ± 1.9" in card
     assert "bit for bit only with the same vit5-sit version" in card

@@ -16,8 +16,12 @@ GENERATION_STUDY: dict[tuple[str, float], tuple[float, float, int]] = {
     ("nols-no-registers", 1.0): (56.4, 1.1, 3), ("nols-no-registers", 6.0): (65.2, 1.8, 3),
     ("sit", 1.0): (69.3, 7.5, 3), ("sit", 6.0): (76.8, 4.2, 3),
 }
-# the pre-registered rule's pick (the study's `decision`), unguided and guided
+# the pre-registered rule's pick (the study's `decision`), unguided and guided, and the presets of those arms
 VERDICT = {1.0: "sit-rope", 6.0: "vit5-nols"}
+ARM_PRESETS = {"sit-rope": "SiTRoPE-*", "vit5-nols": "ViT5G-*", "nols-no-registers": "ViT5G-* with "
+               "model.num_registers=0", "sit": "SiT-*"}
+# unguided, the winner against vit5-nols paired by training seed: seeds ahead, seeds paired, the 95% t-interval
+UNGUIDED_PAIRED = (4, 5, (-13.3, -0.3))
 STUDY_FAMILIES = ("SiT", "SiTRoPE", "ViT5G", "ViT5")  # presets the study (or the component study before it) ranks
 
 
@@ -31,14 +35,17 @@ def backbone_advice(cfg: ExperimentConfig) -> list[str]:
     compare."""
     if cfg.model.preset.split("-")[0] not in STUDY_FAMILIES:
         return []
+    ahead, paired, (lo, hi) = UNGUIDED_PAIRED
     return [
         "## Choosing a backbone", "",
         "vit5-sit's generation study (`docs/study` in vit5-sit's repository: MNIST at 32 px, T/4 models of 4.2M "
         "parameters trained 3,600 steps, sampled with ODE Euler 6; FID-1000 against all 5,000 digits, mean ± sd "
         "over training seeds, lower is better) recommends:", "",
-        f"- **Without guidance: `SiTRoPE-*`** (SiT + 2D RoPE {_fid('sit-rope', 1.0)}, against ViT5G's "
-        f"{_fid('vit5-nols', 1.0)}; ahead on 4 of 5 paired seeds, paired 95% t-interval [-13.3, -0.3]).",
-        f"- **With guidance (cfg 6): `ViT5G-*`** (the default): ViT5G {_fid('vit5-nols', 6.0)} and SiT + RoPE "
+        f"- **Without guidance: `{ARM_PRESETS[VERDICT[1.0]]}`** (SiT + 2D RoPE {_fid('sit-rope', 1.0)}, against "
+        f"ViT5G's {_fid('vit5-nols', 1.0)}; ahead on {ahead} of {paired} paired seeds, paired 95% t-interval "
+        f"[{lo:+.1f}, {hi:+.1f}]).",
+        f"- **With guidance (cfg 6): `{ARM_PRESETS[VERDICT[6.0]]}`** (the default): ViT5G "
+        f"{_fid('vit5-nols', 6.0)} and SiT + RoPE "
         f"{_fid('sit-rope', 6.0)} are level in FID, and ViT5G has the better sFID and precision.",
         f"- Vanilla `SiT-*` trails both ways ({_fid('sit', 1.0)} / {_fid('sit', 6.0)}); the paper's `ViT5-*` "
         "(LayerScale 1e-4) trails ViT5G for generation. Under MeanFlow (one step) SiT + RoPE and ViT5G are level.",

@@ -219,13 +219,21 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, dict]:
     if not isinstance(state, dict) or "optimizer" not in state or "step" not in state:
         raise CheckpointError(f"{path / 'state.pt'}: not a training state (expected optimizer and step)")
     weights = [_checked_weights(path / name) for name in ("model.safetensors", "ema.safetensors")]
-    optimizer = state["optimizer"].get("state") if isinstance(state["optimizer"], dict) else None
-    moments = {f"{i}.{k}": v for i, entry in (optimizer or {}).items() if isinstance(entry, dict)
-               for k, v in entry.items() if k != "step"}
+    moments = optimizer_moments(state, with_steps=False)
     problem = tensors_problem(moments) if moments else None
     if problem:
         raise CheckpointError(f"{path / 'state.pt'}: optimizer state: {problem}; {_EARLIER}")
     return weights[0], weights[1], state
+
+
+def optimizer_moments(state: dict, with_steps: bool = True) -> dict:
+    """The optimizer's per-parameter values of a training state, keyed 'param.name' (AdamW: exp_avg,
+    exp_avg_sq, and the step counts unless ``with_steps`` is False), as stored (unchecked)."""
+    optimizer = state.get("optimizer")
+    entries = optimizer.get("state") if isinstance(optimizer, dict) else None
+    return {f"{i}.{k}": v
+            for i, entry in (entries or {}).items() if isinstance(entry, dict)
+            for k, v in entry.items() if with_steps or k != "step"}
 
 
 _EARLIER = "resume from an earlier checkpoint (--resume RUN/checkpoints/step_N) or start a new run"

@@ -29,10 +29,13 @@ from vit5_sit.common.interrupt import Interrupted
 from vit5_sit.common.utils import atomic_write_bytes, atomic_write_file, atomic_write_text
 from vit5_sit.models import Denoiser
 from vit5_sit.transport import (
+    AutoGuidance,
     ClassifierFreeGuidance,
+    GuidanceError,
     SamplerConfig,
     StackedRandomGenerator,
     Transport,
+    check_guide,
     check_seeds,
     sample,
 )
@@ -136,8 +139,13 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                   on_step: Callable[[], None] | None = None,  # called after each network evaluation
                   as_float: bool = False,  # True: (N, C, H, W) float32 in [-1, 1] as decoded, not quantised
                   scheduler=None,  # a diffusers flow scheduler instead of `sampler` (sampler.steps steps)
+                  guide: Denoiser | None = None,  # autoguidance: cfg_scale weighs the model against this guide
                   ) -> np.ndarray | torch.Tensor:
-    """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images."""
+    """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images.
+
+    Guidance: with ``guide`` None, cfg_scale != 1 is classifier-free guidance (the model's null label); with a
+    guide, it is autoguidance, guide + cfg_scale * (model - guide) (`vit5_sit.transport.AutoGuidance`), in both
+    cases only for t in ``guidance_interval``."""
     if len(classes) != len(seeds):
         raise ValueError(f"{len(classes)} classes but {len(seeds)} seeds: give one seed per image")
     if len(classes) == 0:
@@ -151,7 +159,15 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     size = image_size or cfg.input_size
     model = model.to(device).eval()
     net = model if next(model.parameters()).dtype == torch.float32 else HalfPrecisionCalls(model)
-    if cfg_scale != 1.0:
+    if guide is not None:
+        if guide_channels is not None:
+            raise GuidanceError(f"guide_channels={guide_channels}: the official scripts' channel subset is for "
+                                "classifier-free guidance only; leave it out with a guide")
+        check_guide(cfg, guide.cfg)
+        guide = guide.to(device).eval()
+        guide_net = guide if next(guide.parameters()).dtype == torch.float32 else HalfPrecisionCalls(guide)
+        net = AutoGuidance(net, guide_net, cfg_scale, interval=guidance_interval)
+    elif cfg_scale != 1.0:
         net = ClassifierFreeGuidance(net, cfg_scale, null_class=cfg.null_label, interval=guidance_interval,
                                      channels=guide_channels)
     if on_step is not None:

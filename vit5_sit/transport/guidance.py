@@ -1,4 +1,5 @@
-"""Classifier-free guidance as a model wrapper with the network's own (x, t, y) signature."""
+"""Guidance as model wrappers with the network's own (x, t, y) signature: classifier-free guidance (the model's own
+unconditional output) and autoguidance (a bad version of the model: Karras et al. 2024, arXiv 2406.02507)."""
 
 from __future__ import annotations
 
@@ -93,4 +94,76 @@ class ClassifierFreeGuidance:
         c = slice(None) if self.channels is None else slice(0, self.channels)
         mixed = cond.clone()
         mixed[guided, c] = uncond[:, c] + self.scale * (cond[guided, c] - uncond[:, c])
+        return mixed
+
+
+# What a guide must share with the main model, field by field (the first name is ModelConfig's): the data it
+# draws (shape), the labels it is conditioned on, and what it predicts (a flow model or a MeanFlow model).
+GUIDE_FIELDS = (("in_channels", "data channels"), ("input_size", "data size"), ("num_classes", "classes"),
+                ("mean_flow", "kind (MeanFlow: average velocities)"))
+GUIDE_TRANSPORT_FIELDS = (("path", "transport path"), ("prediction", "prediction"))
+
+
+def guide_problem(main_cfg, guide_cfg, main_transport=None, guide_transport=None) -> str | None:
+    """Why ``guide_cfg`` (a ModelConfig) cannot guide a model of ``main_cfg``, or None. The transports
+    (TransportConfig; None = not known, e.g. an official file: SiT's linear velocity) are compared when both are
+    given: a guide that predicts another quantity, or on another path, would be mixed with the wrong one."""
+    for name, what in GUIDE_FIELDS:
+        a, b = getattr(main_cfg, name), getattr(guide_cfg, name)
+        if a != b:
+            return f"its {what} {name}={b!r} differs from the model's {name}={a!r}"
+    if main_transport is not None and guide_transport is not None:
+        for name, what in GUIDE_TRANSPORT_FIELDS:
+            a, b = getattr(main_transport, name), getattr(guide_transport, name)
+            if a != b:
+                return f"its {what} {name}={b!r} differs from the model's {name}={a!r}"
+    return None
+
+
+def check_guide(main_cfg, guide_cfg, main_transport=None, guide_transport=None, name: str = "guide") -> None:
+    """One GuidanceError naming the first difference between a guide and the main model (`guide_problem`)."""
+    problem = guide_problem(main_cfg, guide_cfg, main_transport, guide_transport)
+    if problem is not None:
+        raise GuidanceError(f"{name}: cannot guide this model: {problem}; take a guide trained on the same data and "
+                            "classes with the same objective (e.g. an early checkpoint of the same run)")
+
+
+class AutoGuidance:
+    """Autoguidance (Karras et al. 2024): out = guide + scale * (model - guide), the guide a bad version of the
+    model (an early checkpoint of the same run, or a smaller model trained on the same data), both conditional.
+
+    The combination is affine with weights summing to 1, so mixing velocities is mixing denoised images (and, for a
+    MeanFlow model, average velocities). scale 1 = the model alone, 0 = the guide alone. interval: guide only the
+    samples whose t is in [low, high]; the others get the model's output, and the guide runs only on the guided ones.
+    """
+
+    def __init__(
+        self,
+        model,                      # the main network: (x, t, y) -> prediction
+        guide,                      # the guide network, same signature and prediction
+        scale: float,               # the weight w; 1 = the model alone
+        interval=(0.0, 1.0),        # (low, high) in t: guide where low <= t <= high
+    ):
+        check_guidance_settings(scale, interval)
+        main_cfg, guide_cfg = getattr(model, "cfg", None), getattr(guide, "cfg", None)
+        if main_cfg is not None and guide_cfg is not None:
+            check_guide(main_cfg, guide_cfg)
+        low, high = interval
+        self.model, self.guide, self.scale = model, guide, float(scale)
+        self.low, self.high = float(low), float(high)
+        self.cfg, self.null_label = main_cfg, getattr(model, "null_label", None)
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                 interval: torch.Tensor | None = None) -> torch.Tensor:
+        """interval: a MeanFlow model's interval lengths (B,), passed to both networks (None: flow models)."""
+        kw = {} if interval is None else {"interval": interval}
+        out = self.model(x, t, y, **kw)
+        guided = (t >= self.low) & (t <= self.high)  # (B,)
+        if self.scale == 1.0 or not bool(guided.any()):
+            return out
+        if interval is not None:
+            kw = {"interval": interval[guided]}
+        bad = self.guide(x[guided], t[guided], y[guided], **kw)
+        mixed = out.clone()
+        mixed[guided] = bad + self.scale * (out[guided] - bad)
         return mixed

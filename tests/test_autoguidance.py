@@ -1,0 +1,112 @@
+"""Autoguidance (Karras et al. 2024, issue #52): the guide + w (model - guide) formula bit for bit, scale 1 = the
+model alone, the interval switching it off, and a guide that does not fit is one error before any sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit5_sit.models import create_model
+from vit5_sit.sampling.generate import sample_images
+from vit5_sit.transport import AutoGuidance, GuidanceError, SamplerConfig, Transport, check_guide
+
+
+def tiny(seed: int, **overrides):
+    torch.manual_seed(seed)
+    fields = dict(input_size=8, in_channels=2, depth=1, hidden_size=32, num_heads=2, num_classes=3)
+    model = create_model("ViT5-T/2", **{**fields, **overrides})
+    with torch.no_grad():  # non-zero outputs: perturb the zero-initialised gates and output layer
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny(0), tiny(1)
+
+
+def batch(n: int = 4):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 2, 8, 8, generator=g)
+    t = torch.linspace(0.1, 0.9, n)
+    return x, t, torch.tensor([0, 1, 2, 0][:n])
+
+
+@torch.no_grad()
+def test_equals_the_formula_bit_for_bit(pair):
+    model, guide = pair
+    x, t, y = batch()
+    out = AutoGuidance(model, guide, 2.5)(x, t, y)
+    main, bad = model(x, t, y), guide(x, t, y)
+    assert torch.equal(out, bad + 2.5 * (main - bad))
+    assert not torch.equal(out, main)
+
+
+@torch.no_grad()
+def test_scale_one_is_the_model_alone_and_zero_the_guide(pair):
+    model, guide = pair
+    x, t, y = batch()
+    assert torch.equal(AutoGuidance(model, guide, 1.0)(x, t, y), model(x, t, y))
+    assert torch.allclose(AutoGuidance(model, guide, 0.0)(x, t, y), guide(x, t, y), atol=1e-6)
+
+
+@torch.no_grad()
+def test_interval_switches_it_off_outside(pair):
+    model, guide = pair
+    x, t, y = batch()  # t = 0.1, 0.37, 0.63, 0.9
+    out = AutoGuidance(model, guide, 3.0, interval=(0.3, 0.7))(x, t, y)
+    main, bad = model(x, t, y), guide(x, t, y)
+    inside = (t >= 0.3) & (t <= 0.7)
+    assert torch.equal(out[~inside], main[~inside])
+    # the guide runs on the guided rows only: a smaller batch, so compare to float tolerance
+    assert torch.allclose(out[inside], (bad + 3.0 * (main - bad))[inside], atol=1e-6)
+
+
+@torch.no_grad()
+def test_sampling_with_a_guide_is_the_hand_written_euler_loop(pair):
+    model, guide = pair
+    transport, sampler = Transport(), SamplerConfig(mode="ode", method="euler", steps=3)
+    got = sample_images(model, transport, sampler, [0, 2], [11, 12], cfg_scale=2.0, guide=guide, as_float=True)
+    from vit5_sit.transport import StackedRandomGenerator
+
+    x = StackedRandomGenerator([11, 12], torch.device("cpu")).randn((2, 8, 8))
+    y = torch.tensor([0, 2])
+    ts = torch.linspace(0, 1, 4)
+    for t0, t1 in zip(ts[:-1], ts[1:], strict=True):
+        t = torch.full((2,), float(t0))
+        main, bad = model(x, t, y), guide(x, t, y)
+        x = x + (t1 - t0) * (bad + 2.0 * (main - bad))
+    assert torch.allclose(got, x, atol=1e-5)
+    plain = sample_images(model, transport, sampler, [0, 2], [11, 12], as_float=True)
+    same = sample_images(model, transport, sampler, [0, 2], [11, 12], cfg_scale=1.0, guide=guide, as_float=True)
+    assert torch.equal(same, plain)
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("in_channels", 1, "in_channels"), ("input_size", 16, "input_size"), ("num_classes", 5, "num_classes"),
+    ("mean_flow", True, "mean_flow")])
+def test_a_guide_that_does_not_fit_is_one_error_before_sampling(pair, field, value, named):
+    model, _ = pair
+    other = tiny(2, **{field: value})
+    with pytest.raises(GuidanceError, match=named):
+        check_guide(model.cfg, other.cfg)
+    calls = []
+    model_calls = model.forward
+
+    def counted(*a, **k):
+        calls.append(1)
+        return model_calls(*a, **k)
+
+    sampler = SamplerConfig(mode="ode", method="euler", steps=2)
+    with pytest.raises(GuidanceError, match=named):
+        sample_images(model, Transport(), sampler, [0], [0], cfg_scale=2.0, guide=other)
+    assert not calls
+
+
+def test_guide_transport_mismatch_is_named(pair):
+    from vit5_sit.transport import TransportConfig
+
+    model, guide = pair
+    with pytest.raises(GuidanceError, match="prediction"):
+        check_guide(model.cfg, guide.cfg, TransportConfig(), TransportConfig(prediction="noise"))

@@ -113,6 +113,16 @@ def test_one_step_flag_and_ckpt_together_is_one_line(tmp_path, capsys):
     assert "--one-step" in capsys.readouterr().err
 
 
+def test_the_two_quickstart_commands_write_two_files(tmp_path, monkeypatch):
+    """`python sample.py` and `python sample.py --one-step` run one after the other keep both grids (#53)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "samples.png").write_bytes(b"the flow demo's grid")
+    assert sample.main(["--one-step", "--classes", "0,1", "--per-class", "1", "--no-progress"]) == 0
+    assert (tmp_path / "samples.png").read_bytes() == b"the flow demo's grid"
+    assert (tmp_path / "samples_1step.png").stat().st_size > 0
+    assert "samples_1step.png" in sample.build_parser().format_help()
+
+
 def test_pipeline_samples_meanflow_in_one_call_per_step(mf_run):
     from vit5_sit.pipeline import Vit5SitPipeline
 

@@ -3,6 +3,7 @@
     # the bundled demo model (MNIST digits): writes samples.png (ODE Euler, 6 network calls; on a busy 2-core
     # CPU about 8 s with OMP_NUM_THREADS=1, about 20 s without: set it first where other work runs)
     python sample.py
+    python sample.py --one-step     # the one-step MeanFlow demo (1 network call an image): samples_1step.png
 
     # a run of ours (newest valid checkpoint), a checkpoint folder, or a model folder
     python sample.py --ckpt runs/mnist-vit5 --classes 0-9 --per-class 8 --out digits.png
@@ -53,6 +54,8 @@ from vit5_sit.common.contract import Parser
 from vit5_sit.common.interrupt import quiet_when_piped
 
 NPZ_DEFAULT_SAMPLES = 50_000
+DEFAULT_OUT = "samples.png"        # the first quickstart command's grid
+ONE_STEP_OUT = "samples_1step.png"  # --one-step's: its own name, so the two commands keep both grids
 PART_SIZE = 256              # vit5_sit.sampling.generate.PART_SIZE (not imported: --help stays fast)
 MAX_IMAGE_SIZE = 9_459       # pixels a side: isqrt(generate.MAX_GRID_PIXELS), the largest image PIL opens
 
@@ -67,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--one-step", action="store_true",
         help="sample the bundled one-step MeanFlow demo model (1 network call per image; = --ckpt demo-1step)")
     arg("--preset", default=None, help="official .pt files only: the model, e.g. SiT-XL/2 (default)")
-    arg("--out", default="samples.png", type=path_text, metavar="PNG_OR_NPZ",
-        help="a .png grid (default: samples.png) or a .npz of --num-samples images")
+    arg("--out", default=None, type=path_text, metavar="PNG_OR_NPZ",
+        help=f"a .png grid (default: {DEFAULT_OUT}; with --one-step {ONE_STEP_OUT}) or a .npz of --num-samples "
+             "images")
     arg("--classes", default=None, metavar="LIST",
         help="comma-separated ids, ranges (0-9) or ImageNet names (default: grid: every class of models "
              f"with at most {MAX_GRID_CLASSES}, ImageNet: {DEFAULT_IMAGENET_CLASSES}, else the first "
@@ -86,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
     arg("--guide-channels", type=positive_int, default=None, metavar="N",
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
+    arg("--guide", metavar="PATH", type=path_text, default=None,
+        help="autoguidance: a bad version of the model (a run, checkpoint or model folder, or Hub repo id, trained "
+             "on the same data and classes with the same objective, e.g. an early checkpoint of the same run); "
+             "--cfg-scale is then its weight w: guide + w (model - guide), within --guidance-interval (default: "
+             "none, classifier-free guidance)")
     arg("--sampler", choices=("ode", "sde", "meanflow"), default=None,
         help="default: the run config's, else ode; meanflow: a MeanFlow model's average-velocity steps (the "
              "only sampler of those models, 1 step = 1 network call by default)")
@@ -187,6 +196,32 @@ def load_model(args) -> Loaded:
     return Loaded(model, cfg, path, official, factor, input_size)
 
 
+def load_guide(args, loaded: Loaded) -> Loaded | None:
+    """The autoguidance guide of ``--guide`` (None without it), checked against the model before any sampling:
+    one error naming the difference (data shape, classes, kind, transport)."""
+    if args.guide is None:
+        return None
+    from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, local_model_path
+    from vit5_sit.transport import GuidanceError, check_guide
+
+    if args.guide_channels is not None:
+        raise UsageError(f"--guide-channels {args.guide_channels}: the official scripts' channel subset is for "
+                         "classifier-free guidance; leave it out with --guide")
+    try:
+        path = local_model_path(args.guide)
+        if not path.exists():
+            raise ModelLoadError(f"no such file or folder: {path}")
+        if path.is_file():
+            raise ModelLoadError(f"{path}: a guide is one of our run, checkpoint or model folders (or a Hub repo "
+                                 "id), not an official .pt file")
+        model, cfg = load_for_sampling(path, device="cpu")
+        main_transport = loaded.cfg.transport if loaded.cfg is not None else None
+        check_guide(loaded.model.cfg, model.cfg, main_transport, cfg.transport)
+    except (ModelLoadError, GuidanceError, ValueError, FileNotFoundError) as e:
+        raise UsageError(f"--guide: {e}") from None
+    return Loaded(model, cfg, path, False, loaded.factor, loaded.input_size)
+
+
 def sampler_config(args, cfg, model_cfg=None):
     """The run config's sampler (else the defaults: ODE Euler, or 1 MeanFlow step for a MeanFlow model) with the
     --sampler/--method/--steps flags applied."""
@@ -239,6 +274,8 @@ def classes_for(args, num_classes: int, grid: bool) -> list[int]:
 
 def check_flags(args) -> bool:
     """Flag combinations that cannot work; returns whether --out is a grid."""
+    if args.out is None:  # each quickstart command its own file: --one-step does not overwrite the flow demo's grid
+        args.out = ONE_STEP_OUT if args.one_step else DEFAULT_OUT
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".npz"):
         raise UsageError(f"--out {out}: expected a .png grid or a .npz file of samples")
@@ -322,10 +359,13 @@ def _run(args, grid: bool) -> int:
         check_model_sampler(mcfg, sampler, scheduler)
     except SamplerMismatch as e:
         raise UsageError(f"--sampler: {e}") from None
+    guide = load_guide(args, loaded)
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
+    if guide is not None:
+        common["guide"] = guide.model
     if scheduler is not None:  # grids only (check_flags)
         common["scheduler"] = scheduler
     classes = classes_for(args, mcfg.num_classes, grid)
@@ -339,9 +379,10 @@ def _run(args, grid: bool) -> int:
     if sampler.mode == "ode" and sampler.method not in FIXED_STEP_METHODS:
         steps += f" atol {sampler.atol:g} rtol {sampler.rtol:g}"
     name = f"{sampler.mode}/{sampler.method}" if scheduler is None else f"diffusers {type(scheduler).__name__}"
-    what = f"{size}x{size}, {name}{steps}, cfg {args.cfg_scale:g}"
+    guidance = f"autoguidance {args.cfg_scale:g}" if guide is not None else f"cfg {args.cfg_scale:g}"
+    what = f"{size}x{size}, {name}{steps}, {guidance}"
     source = sampler_source(args, loaded.cfg) if scheduler is None else "--scheduler"
-    dist.print0(f"sampler {name}{steps} ({source}), cfg {args.cfg_scale:g}")
+    dist.print0(f"sampler {name}{steps} ({source}), {guidance}" + (f" (guide: {args.guide})" if guide else ""))
     start = time.perf_counter()
     try:
         if grid:
@@ -433,6 +474,8 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
 
     num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
     identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}
+    if "guide" in common:  # samples of another guide are never mixed in
+        common = {**common, "guide_identity": model_identity(args.guide)}
     done = manifest_path(args.out)
     before = done.stat().st_mtime_ns if done.is_file() else None
     out = sample_to_npz(loaded.model, transport, sampler, args.out, num_samples=num_samples, classes=classes,

@@ -292,11 +292,16 @@ def test_bad_model_is_one_line(tmp_path, capsys):
     assert "no such run or model folder" in err and "python train.py --config CONFIG" in err  # how to make one
 
 
-@pytest.mark.parametrize("port", ["0", "99999", "-1"])
-def test_a_port_out_of_range_is_refused_before_the_model_loads(port, capsys):
+@pytest.mark.parametrize("port, message", [
+    ("0", "must be in [1024, 65535]"), ("99999", "must be in [1024, 65535]"), ("-1", "must be in [1024, 65535]"),
+    ("80", "below 1024 only root may listen"),  # privileged: refused with the reason, not a PermissionError
+    ("٣", "expected an integer in ASCII digits"), ("１２", "expected an integer in ASCII digits"),  # int() read 3, 12
+])
+def test_a_port_out_of_range_is_refused_before_the_model_loads(port, message, capsys):
     with pytest.raises(SystemExit):  # 99999 was an OverflowError traceback from the server, after loading
         demo_app.main(["--port", port])
-    assert "argument --port: must be a port number in 1-65535" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --port: " in err and message in err, err
 
 
 @pytest.mark.parametrize("module, argv, message", [

@@ -33,13 +33,17 @@ def nearest_existing(path: str | Path) -> Path:
     return path
 
 
-def writable_folder(folder: str | Path, what: str) -> Path:
+def writable_folder(folder: str | Path, what: str, into_assets: bool = False) -> Path:
     """The nearest existing folder at or above ``folder``, after a probe file was created and removed in it.
 
     Raises UsageError (starting with ``what``, e.g. "--out x.png") when a path on the way is a file or that
-    folder cannot be written. Nothing stays behind: a missing ``folder`` is created later, by whoever writes into it.
+    folder cannot be written, or when it lies inside the package's assets (`protected_output_problem`; only
+    ``into_assets``, demo export's, may). Nothing stays behind: a missing ``folder`` is created later, by whoever
+    writes into it.
     """
     folder = Path(folder)
+    if not into_assets and (problem := protected_output_problem(folder)):
+        raise UsageError(f"{what}: {problem}")
     probe_dir = nearest_existing(folder)
     if not probe_dir.is_dir():
         raise UsageError(f"{what}: {probe_dir} is a file, not a folder; choose another location")
@@ -73,8 +77,29 @@ def room_for(folder: str | Path, nbytes: int, what: str) -> None:
                          f"free in {where}; free space or choose another location")
 
 
+PACKAGE_ASSETS = Path(__file__).resolve().parent.parent / "assets"  # the package's own files: the bundled model
+# folders (vit5_sit.hub.files.BUNDLED_MODELS), the digit classifier, the class names; tracked, never an output
+
+
+def protected_output_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` may not be written by a command, or None: it is, or lies inside (through a link, '..', a
+    relative path from a folder in it), the package's assets, whose files are the bundled models that every
+    entry point loads by name. The one exception is ``demo export --out``, which regenerates them on purpose
+    (`vit5_sit.common.contract.Arg.into_assets`)."""
+    try:
+        target = Path(os.path.realpath(path))
+        assets = Path(os.path.realpath(PACKAGE_ASSETS))
+    except (OSError, ValueError):
+        return None
+    if target != assets and assets not in target.parents:
+        return None
+    return (f"is inside the package's own files ({assets}: the bundled models and their samples), which no "
+            "command may overwrite; choose a location outside the package")
+
+
 def output_file(path: str | Path, flag: str) -> Path:
-    """An output file path that can be written: not a folder, its folder writable (or creatable)."""
+    """An output file path that can be written: not a folder, its folder writable (or creatable), not inside
+    the package's assets."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a folder; give a file name, e.g. {path / 'out'}")
@@ -82,12 +107,13 @@ def output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
-def output_folder(path: str | Path, flag: str) -> Path:
-    """An output folder that can be written: an existing folder, or one that can be created."""
+def output_folder(path: str | Path, flag: str, into_assets: bool = False) -> Path:
+    """An output folder that can be written: an existing folder, or one that can be created; not inside the
+    package's assets unless ``into_assets`` (demo export regenerating a bundled model)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder")
-    writable_folder(path, f"{flag} {path}")
+    writable_folder(path, f"{flag} {path}", into_assets=into_assets)
     return path
 
 

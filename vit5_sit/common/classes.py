@@ -103,6 +103,8 @@ def check_class_id(class_id: int | str, num_classes: int) -> int:
     """``class_id`` (an int, or a string of ASCII digits) as an int, if the model has that class; else
     ClassSpecError. Huge digit strings are refused without being converted."""
     text = str(class_id)
+    if isinstance(class_id, str) and not (text.isascii() and text.isdigit()):  # int('٣') is 3
+        raise ClassSpecError(f"class id {text[:18]!r}: expected a whole number in ASCII digits (0-9)")
     i = int(class_id) if len(text) <= 18 else None
     if i is None or not 0 <= i < num_classes:
         shown = text if len(text) <= 18 else f"{text[:8]}...({len(text)} digits)"

@@ -37,6 +37,9 @@ MAX_STEPS = 10_000         # sampler steps: SiT's best sampler takes 250; a time
                            # before the first network call
 MIN_TOL = 1e-10            # adaptive solvers' atol / rtol: far below float32's precision (1e-7), dopri5's step
                            # underflows ('underflow in dt') long before it is met
+MAX_NFE = 2 * MAX_STEPS    # network evaluations of one batch by an adaptive solver (dopri5, ...): as many as the
+                           # costliest fixed-step sampler may take (Heun at MAX_STEPS); dopri5 takes ~100-300 at its
+                           # default tolerance, at tol 1e-10 with guidance 1000 it never stopped
 MAX_GUIDANCE = 1_000.0     # classifier-free guidance: SiT and DiT use 1.5-4; far larger scales only overflow
 MAX_IMAGES = 1_000_000     # images of one command (sample.py --num-samples, compare): 20x FID-50K
 MAX_CALL_IMAGES = 10_000   # images of one pipeline call, held in memory together; more: sample.py --out X.npz
@@ -45,6 +48,7 @@ MAX_IMAGE_SIZE = 9_459     # pixels a side: the largest image PIL opens again (s
 MAX_SEED = 2**32 - 1       # seeds are non-negative 32-bit integers
 MAX_WORKERS = 1_024        # processes / threads: more than any machine has cores
 MAX_TRAIN_STEPS = 100_000_000  # training steps (a classifier's, a study's --until): far beyond any run
+MIN_PORT = 1_024           # the page's port: ports below are privileged (only root may listen on them)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ class Arg:
     suffixes: tuple[str, ...] = ()          # output paths: the file name must end in one of these
     choices: tuple = ()                     # choice: the values it takes (Python arguments; argparse has its own)
     note: str = ""                          # object: the rule that checks it
+    into_assets: bool = False               # outputs: may write inside the package's assets (only demo export,
+                                            # which regenerates the bundled models); every other output is refused
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -165,6 +171,7 @@ FLAGS: dict[str, Arg] = {
     "--cfg-scale": _float(GUIDANCE),
     "--guidance-interval": _float(UNIT),
     "--guide-channels": _int(at_least(1, "channels", hi=4096)),
+    "--guide": Arg("path", role=IN),
     "--sampler": CHOICE,
     "--method": TEXT,
     "--steps": _int(STEPS),
@@ -227,15 +234,17 @@ FLAGS: dict[str, Arg] = {
     "data encode --vae": Arg("path", role=IN),
     # python -m vit5_sit.demo (export)
     "demo export run": Arg("path", role=IN),
+    "demo export --out": Arg("path", role=OUT, into_assets=True),  # `--out vit5_sit/assets/demo` remakes the demo
     "demo export --no-samples": SWITCH,
     "demo export --push": TEXT,        # OWNER/NAME: checked by vit5_sit.hub.api before the export
     "demo export --private": SWITCH,
     # python -m vit5_sit.demo.digit_classifier
     "digit_classifier --classifier": Arg("path", role=IN),
+    "digit_classifier train --out": Arg("path", role=OUT, into_assets=True),  # default: the bundled classifier
     # python -m vit5_sit.app, vit5-sit-demo
     "app --model": Arg("path", role=IN),
     "app --host": TEXT,
-    "app --port": _int(Range(1, 65535, why="a TCP port")),
+    "app --port": _int(Range(MIN_PORT, 65535, why=f"a TCP port; below {MIN_PORT} only root may listen")),
     "app --allow": Arg("list"),
     "app --max-evals": _int(at_least(1, "network evaluations of one grid", hi=10**9)),
     "app --max-queue": _int(at_least(1, "waiting calls", hi=10**6)),
@@ -340,6 +349,8 @@ def _checked(entry: Arg, parse):
     def check(text: str):
         if parse is None and isinstance(text, str) and not text.strip():
             raise argparse.ArgumentTypeError("is empty (an unset variable?); give a value")
+        if isinstance(text, str) and (problem := ascii_number_problem(text, entry)):
+            raise argparse.ArgumentTypeError(problem)  # before the flag's own type: int('٣') is 3
         value = parse(text) if parse is not None else text
         items = value if isinstance(value, list | tuple) else [value]
         if entry.range is not None:
@@ -362,6 +373,19 @@ def _checked(entry: Arg, parse):
 
 def _text(text: str) -> str:
     return text
+
+
+def ascii_number_problem(text: str, entry: Arg) -> str | None:
+    """Why ``text`` cannot be the value of a numeric flag (kind int or float, or a list of numbers), or None:
+    digits of other scripts ('٣', '１２') are refused for every one, whatever its own type (Python's int() and
+    float() read them as 3 and 12, so ``--port=٣`` meant port 3)."""
+    numeric = entry.kind in ("int", "float") or (entry.kind == "list" and entry.range is not None)
+    if not numeric or text.isascii():
+        return None
+    from vit5_sit.common.checks import shown
+
+    what = "an integer" if entry.kind == "int" else "a number"
+    return f"expected {what} in ASCII digits (0-9), got {shown(text, quote=True)}"
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -465,7 +489,11 @@ class Parser(argparse.ArgumentParser):
                     yield from (sub._parsers() if isinstance(sub, Parser) else [sub])
 
     def _check_outputs(self, namespace) -> None:
-        """An output path that is an input path of the same command is refused: the input would be lost."""
+        """An output path inside the package's assets (the bundled models) is refused, and so is an output path
+        that is an input path of the same command: the input would be lost. Defaults are checked as given
+        values are (``samples.png`` run from inside a bundled folder)."""
+        from vit5_sit.common.checks import protected_output_problem
+
         roles: dict[str, list[tuple[str, str]]] = {IN: [], OUT: []}
         for action in self._actions:
             entry = self.contract(action)
@@ -475,6 +503,8 @@ class Parser(argparse.ArgumentParser):
             for v in value if isinstance(value, list | tuple) else [value]:
                 if isinstance(v, str | os.PathLike) and str(v).strip():
                     roles[entry.role].append((_name(action), str(v)))
+                    if entry.role == OUT and not entry.into_assets and (problem := protected_output_problem(v)):
+                        self.error(f"{_flag_text(_name(action))} {v}: {problem}")
         for out_flag, out in roles[OUT]:
             for in_flag, source in roles[IN]:
                 if same_file(out, source):

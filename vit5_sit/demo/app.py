@@ -32,8 +32,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from vit5_sit.common.checks import path_text, positive_int
-from vit5_sit.common.contract import Parser
+from vit5_sit.common.checks import integer, path_text, positive_int
+from vit5_sit.common.contract import MIN_PORT, Parser
 from vit5_sit.common.interrupt import stops_cleanly
 
 DEFAULT_HOST = "127.0.0.1"   # localhost only; other addresses need --host
@@ -129,9 +129,16 @@ def model_defaults(pipe) -> dict:
             "steps": cfg.sampler.steps, "about": about}
 
 
+def _ascii(value):
+    """``value``, or ValueError for text with digits of other scripts (float('٣') is 3.0)."""
+    if isinstance(value, str) and not value.isascii():
+        raise ValueError(value)
+    return value
+
+
 def _whole(name: str, value, low: int, high: int) -> int:
     try:
-        number = float(value)
+        number = float(_ascii(value))
     except (TypeError, ValueError):
         raise DemoError(f"{name} {value!r}: give a whole number") from None
     if not number.is_integer() or not low <= number <= high:
@@ -141,7 +148,7 @@ def _whole(name: str, value, low: int, high: int) -> int:
 
 def _real(name: str, value) -> float:
     try:
-        number = float(value)
+        number = float(_ascii(value))
     except (TypeError, ValueError):
         raise DemoError(f"{name} {value!r}: give a number") from None
     if not math.isfinite(number):
@@ -315,14 +322,6 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
     return app
 
 
-def _port(text: str) -> int:
-    """argparse type: a TCP port (a larger number was an OverflowError from inside the server)."""
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number in 1-65535, got {value}")
-    return value
-
-
 def _allow(text: str) -> list[str] | None:
     """argparse type: comma-separated model names, or 'any' (None: no restriction)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -344,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
                         "address, so other machines can reach the page)")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port, 1-65535 (default: {DEFAULT_PORT})")
+    p.add_argument("--port", type=integer, default=DEFAULT_PORT,  # its range: contract.FLAGS["app --port"]
+                   help=f"port, {MIN_PORT}-65535 (default: {DEFAULT_PORT})")
     p.add_argument("--allow", type=_allow, default=(), metavar="NAMES",
                    help="further models the page's model box may load (comma-separated folders or Hub repo ids), "
                         "or 'any'. Default: any on localhost; only --model when --host is another address")

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --push {args.push}: {problem}", file=sys.stderr)  # before the export, not after it
         return 2
     try:
-        output_folder(args.out, "--out")  # a file there, a read-only folder: said before loading the run
+        output_folder(args.out, "--out", into_assets=True)  # a file there, a read-only folder: said before loading
+        # the run (into the package's assets too: `--out vit5_sit/assets/demo` regenerates the bundled demo)
         if args.preset is not None:
             check_choice("--preset", args.preset, PRESETS, error=UsageError)
     except UsageError as err:

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from vit5_sit.common.checks import ModelLoadError, path_problem, shown
+from vit5_sit.common.checks import PACKAGE_ASSETS, ModelLoadError, path_problem, shown
 
 CONFIG_FILE = "config.yaml"
 WEIGHTS_FILE = "transformer/diffusion_pytorch_model.safetensors"  # the EMA weights, read by vit5-sit and diffusers
@@ -25,7 +25,7 @@ DIFFUSERS_FILES = ("model_index.json", "pipeline_vit5_sit.py", "transformer/*", 
 MODEL_FILES = (CONFIG_FILE, LEGACY_WEIGHTS_FILE, CARD_FILE, METRICS_FILE, SAMPLES_FILE,
                *DIFFUSERS_FILES)  # what is downloaded and uploaded (file names and patterns)
 LIBRARY_NAME = "vit5-sit"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = PACKAGE_ASSETS  # no command may write in it (vit5_sit.common.checks.protected_output_problem)
 # The models bundled with the package, by the name every entry point takes (--ckpt, from_pretrained, the page):
 # the flow demo (ODE Euler 6 steps, guided) and the one-step MeanFlow demo (1 network call per image).
 BUNDLED_MODELS = {"demo": ASSETS / "demo", "demo-1step": ASSETS / "demo-1step"}

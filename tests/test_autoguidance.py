@@ -110,3 +110,75 @@ def test_guide_transport_mismatch_is_named(pair):
     model, guide = pair
     with pytest.raises(GuidanceError, match="prediction"):
         check_guide(model.cfg, guide.cfg, TransportConfig(), TransportConfig(prediction="noise"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sample.py --guide: an early checkpoint of the same run guides its newest one.
+
+def _tiny_run(root):
+    from vit5_sit.config import load_config, save_config
+    from vit5_sit.train.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
+                             "data.kind=mnist", "data.resolution=8", "sampler.steps=3"])
+    states = []
+    for seed in (1, 0):
+        torch.manual_seed(seed)
+        model = create_model(cfg.model_config())
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        states.append({k: v.contiguous() for k, v in model.state_dict().items()})
+    save_config(cfg, root / "config.yaml")
+    save_checkpoint(root, 10, states[0], states[0], {"optimizer": {}})
+    save_checkpoint(root, 20, states[1], states[1], {"optimizer": {}})
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _tiny_run(tmp_path_factory.mktemp("run"))
+
+
+def _sample():
+    from vit5_sit.cli import sample
+
+    return sample
+
+
+def test_sample_py_guide_is_the_formula(run, tmp_path):
+    from vit5_sit.hub.model_files import load_for_sampling
+    from vit5_sit.transport import TransportConfig
+
+    sample = _sample()
+    guide_ckpt = next(p for p in (run / "checkpoints").iterdir() if p.name.endswith("10"))
+    out = tmp_path / "g.npz"
+    args = ["--ckpt", run, "--guide", guide_ckpt, "--cfg-scale", 2, "--out", out, "--num-samples", 3,
+            "--classes", "1,2,3", "--no-progress"]
+    assert sample.main([str(a) for a in args]) == 0
+    model, cfg = load_for_sampling(run)
+    guide, _ = load_for_sampling(guide_ckpt)
+    want = sample_images(model, Transport(TransportConfig(**vars(cfg.transport))), cfg.sampler, [1, 2, 3],
+                         [0, 1, 2], cfg_scale=2.0, guide=guide)
+    import numpy as np
+
+    assert np.array_equal(np.load(out)["arr_0"], want)
+    manifest = __import__("json").loads((tmp_path / "g.npz.json").read_text())
+    assert manifest["guide"]["sha256"]  # the guide is part of what the file was sampled with
+
+
+def test_sample_py_guide_errors_are_one_line_before_sampling(run, tmp_path, capsys, monkeypatch):
+    import vit5_sit.sampling.generate as generate
+
+    sample = _sample()
+    monkeypatch.setattr(generate, "sample_images", lambda *a, **k: pytest.fail("sampled"))
+    out = tmp_path / "x.png"
+    cases = [(["--guide", "demo", "--cfg-scale", "2"], "--guide: the guide cannot guide this model"),
+             (["--guide", str(run)], "--cfg-scale W"),
+             (["--guide", str(tmp_path / "nope"), "--cfg-scale", "2"], "no such file"),
+             (["--guide", str(run), "--cfg-scale", "2", "--guide-channels", "1"], "--guide-channels")]
+    for extra, message in cases:
+        assert sample.main(["--ckpt", str(run), "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()

@@ -337,10 +337,14 @@ def _run(args, grid: bool) -> int:
     if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
         raise UsageError(f"--guide-channels {args.guide_channels}: the model has {mcfg.in_channels} channels")
     sampler = sampler_config(args, loaded.cfg, mcfg)
+    if args.cfg_scale is None and args.guide is not None:
+        raise UsageError(f"--guide {args.guide}: give its weight with --cfg-scale W (guide + W (model - guide); "
+                         "1 = the model alone; 1.5-3 is the usual range)")
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
     try:
-        check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
+        if args.guide is None:  # autoguidance needs no null label: the guide is conditional
+            check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
     except GuidanceError as e:
         raise UsageError(f"--cfg-scale: {e}") from None
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())

@@ -347,12 +347,13 @@ def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_s
                       classes: Sequence[int] | None = None, seed: int = 0, cfg_scale: float = 1.0,
                       guidance_interval: tuple[float, float] = (0.0, 1.0), guide_channels: int | None = None,
                       vae=None, image_size: int | None = None, identity: dict | None = None,
-                      part_size: int = PART_SIZE, batch_size: int = 64) -> dict:
+                      part_size: int = PART_SIZE, batch_size: int = 64, guide: dict | None = None) -> dict:
     """Everything that decides the images of `sample_to_npz`: not the number of processes, and not the part
     and batch sizes either, except for adaptive ODE solvers, whose step sizes are shared by a batch.
 
     Computable without loading the model (model_cfg is its ModelConfig), so callers can skip the loading
-    when ``npz_is_complete(out, manifest)``.
+    when ``npz_is_complete(out, manifest)``. ``guide``: the autoguidance guide's identity (`model_identity`), None
+    = no guide (and no key: files sampled before guides existed stay complete).
     """
     classes = list(range(model_cfg.num_classes)) if classes is None else [int(c) for c in classes]
     vae_name = None if vae is None else vae if isinstance(vae, str | Path) else type(vae).__name__
@@ -362,6 +363,8 @@ def sampling_manifest(model_cfg, transport_cfg, sampler: SamplerConfig, *, num_s
         "guide_channels": guide_channels,
         "image_size": image_size or model_cfg.input_size, "vae": vae_name, "model": identity or {},
     }
+    if guide is not None:
+        manifest["guide"] = guide
     if sampler.mode == "ode" and sampler.method not in FIXED_STEP_METHODS:
         manifest["batches"] = {"part_size": part_size, "batch_size": batch_size}
     return _jsonable(manifest)
@@ -380,6 +383,8 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                   image_size: int | None = None,          # model input size; None = trained size
                   device: torch.device | str | None = None,  # None = this process's device
                   identity: dict | None = None,           # which model (checkpoint, sha256): for the manifest
+                  guide: Denoiser | None = None,          # autoguidance: cfg_scale weighs the model against it
+                  guide_identity: dict | None = None,     # which guide (as identity): for the manifest
                   max_parts: int | None = None,           # stop after this many new parts (time-limited jobs)
                   keep_parts: bool = False,               # keep the part files after assembling the .npz
                   progress: bool = True,
@@ -411,7 +416,8 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     manifest = sampling_manifest(
         cfg, transport.cfg, sampler, num_samples=num_samples, classes=classes, seed=seed, cfg_scale=cfg_scale,
         guidance_interval=guidance_interval, guide_channels=guide_channels, vae=vae, image_size=image_size,
-        identity=identity, part_size=part_size, batch_size=batch_size)
+        identity=identity, part_size=part_size, batch_size=batch_size,
+        guide=None if guide is None else (guide_identity or {"guide": "unnamed"}))
     if npz_is_complete(out, manifest):
         dist.print0(f"{out}: already complete ({num_samples} images with these settings)")
         return out
@@ -462,7 +468,7 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                disable=not (progress and dist.is_main()), dynamic_ncols=True, bar_format=BAR_FORMAT)
     evals = steps_per_batch(sampler)
     options = dict(cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels,
-                   vae=vae, image_size=image_size, batch_size=batch_size, device=device)
+                   vae=vae, image_size=image_size, batch_size=batch_size, device=device, guide=guide)
     k, batches = None, []
     try:
         for k in mine:

@@ -120,11 +120,11 @@ def guide_problem(main_cfg, guide_cfg, main_transport=None, guide_transport=None
     return None
 
 
-def check_guide(main_cfg, guide_cfg, main_transport=None, guide_transport=None, name: str = "guide") -> None:
+def check_guide(main_cfg, guide_cfg, main_transport=None, guide_transport=None) -> None:
     """One GuidanceError naming the first difference between a guide and the main model (`guide_problem`)."""
     problem = guide_problem(main_cfg, guide_cfg, main_transport, guide_transport)
     if problem is not None:
-        raise GuidanceError(f"{name}: cannot guide this model: {problem}; take a guide trained on the same data and "
+        raise GuidanceError(f"the guide cannot guide this model: {problem}; take a guide trained on the same data and "
                             "classes with the same objective (e.g. an early checkpoint of the same run)")
 
 

@@ -165,7 +165,9 @@ def test_compare_refuses_mixed_kinds_and_flow_samplers(mf_run, tmp_path):
     (flow / "config.yaml").write_text((root / "one" / "config.yaml").read_text()
                                       .replace("objective: meanflow", "objective: flow")
                                       .replace("mode: meanflow", "mode: ode")
-                                      .replace("mean_flow: true", "mean_flow: false"))
+                                      .replace("mean_flow: true", "mean_flow: false")
+                                      .replace("ratio: 0.5", "ratio: 0.25")  # a flow config's meanflow section
+                                      .replace("guidance_scale: 2.0", "guidance_scale: 1.0"))  # is the default
     with pytest.raises(CompareError, match="MeanFlow model.* beside flow models"):
         run_sampler([root / "one", flow])
 

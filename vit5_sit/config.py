@@ -8,6 +8,7 @@ and bad values are errors that name the key, the nearest valid one, and the expe
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -29,6 +30,10 @@ from vit5_sit.transport import GuidanceError, MeanFlowConfig, SamplerConfig, Tra
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
 OBJECTIVES = ("flow", "meanflow")
+# Autoguidance (issue #52, docs/sampling.md): a run keeps the checkpoint nearest this share of its training as its
+# guide, a bad version of the model itself (Karras et al. 2024). 1/9: step 400 of the demo's 3,600, measured in
+# docs/study/guidance/.
+GUIDE_AT = 1 / 9
 
 
 class ConfigError(ValueError):
@@ -82,6 +87,9 @@ class TrainConfig:
     seed: int = 0
     ckpt_every: int = 50_000               # steps between checkpoints
     keep_last: int = 3                     # checkpoints kept (oldest deleted); 0 = keep all
+    guide_at: float | None = GUIDE_AT      # autoguidance: the checkpoint nearest this share of max_steps is kept
+                                           # as the run's guide (keep_last never deletes it; sample.py --guide
+                                           # auto); None = none kept
     max_nonfinite: int = 5                 # consecutive non-finite losses that stop the run
     objective: str = "flow"                # 'flow' (flow matching, SiT) | 'meanflow' (MeanFlow: average
                                            # velocities for 1-step sampling; settings in the meanflow section)
@@ -89,6 +97,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"), error=ConfigError)
         check_choice("train.objective", self.objective, OBJECTIVES, error=ConfigError)
+
+    def guide_step(self) -> int | None:
+        """The checkpoint kept as the run's autoguidance guide: the multiple of ckpt_every nearest
+        guide_at * max_steps (at least one ckpt_every); None if guide_at is None or that is the last step."""
+        if self.guide_at is None:
+            return None
+        step = max(1, round(self.guide_at * self.max_steps / self.ckpt_every)) * self.ckpt_every
+        return step if step < self.max_steps else None
 
 
 @dataclass
@@ -192,14 +208,71 @@ def read_yaml_file(path: str | Path, kind: str = "config file", fix: str = "give
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML config (or start from the defaults) and apply ``key=value`` overrides."""
-    raw: dict[str, Any] = {} if path is None else _read_config_file(Path(path), ())
-    return from_dict(_overridden(raw, overrides))
+    layers = [] if path is None else _read_config_file(Path(path), ())
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        raw = _merged(raw, copy.deepcopy(layer))  # the layers stay as read: the overrides go into raw
+    return from_dict(_implied_sampler(_overridden(raw, overrides), [*layers, _override_layer(overrides)]))
 
 
 def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...]) -> ExperimentConfig:
     """``cfg`` with ``key=value`` overrides applied, checked as `load_config` checks a file's (a built config
     gets the same errors as the file it could have been saved to)."""
-    return from_dict(_overridden(to_dict(cfg), overrides)) if overrides else cfg
+    if not overrides:
+        return cfg
+    base = to_dict(cfg)
+    return from_dict(_implied_sampler(_overridden(base, overrides), [to_dict(cfg), _override_layer(overrides)]))
+
+
+# The sampler that each objective implies, when the objective is set after (in a later file or on the command line)
+# the sampler section it would contradict: `train.objective=meanflow` on a flow config samples as MeanFlow does.
+OBJECTIVE_SAMPLERS: dict[str, dict[str, Any]] = {
+    "flow": {},  # SamplerConfig's defaults: the ODE, Euler, 50 steps
+    "meanflow": {"mode": "meanflow", "method": "euler", "steps": 1},
+}
+
+
+def _implied_sampler(raw: dict[str, Any], layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """``raw`` with the sampler section that its objective implies, when the objective was set in a later layer
+    (``layers``: the base files, the file, the command line) than the ``sampler.mode`` it contradicts. The sampler
+    keys given in the objective's layer or later are kept; those of earlier layers were another objective's.
+    A contradiction within one layer (or a sampler set after the objective) is left to `_check_meanflow`."""
+    objective = _get(raw, "train", "objective", "flow")
+    mode = _get(raw, "sampler", "mode", SamplerConfig.mode)
+    if objective not in OBJECTIVE_SAMPLERS or not isinstance(mode, str) or \
+            (mode == "meanflow") == (objective == "meanflow"):
+        return raw
+    set_objective = max((i for i, layer in enumerate(layers) if _has(layer, "train", "objective")), default=-1)
+    set_mode = max((i for i, layer in enumerate(layers) if _has(layer, "sampler", "mode")), default=-1)
+    if set_objective <= set_mode:
+        return raw
+    later: dict[str, Any] = {}
+    for layer in layers[set_objective:]:
+        section = layer.get("sampler")
+        later.update(section if isinstance(section, dict) else {})
+    return {**raw, "sampler": {**OBJECTIVE_SAMPLERS[objective], **later}}
+
+
+def _get(raw: dict[str, Any], section: str, key: str, default: Any) -> Any:
+    node = raw.get(section)
+    return node.get(key, default) if isinstance(node, dict) else default
+
+
+def _has(raw: dict[str, Any], section: str, key: str) -> bool:
+    node = raw.get(section)
+    return isinstance(node, dict) and key in node
+
+
+def _override_layer(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The sections that ``section.key=value`` overrides set, as a mapping (for `_implied_sampler`; the
+    overrides themselves are applied and checked by `_overridden`)."""
+    layer: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, leaf = key.strip().partition(".")
+        if sep and dot and leaf and "." not in leaf and isinstance(layer.setdefault(section, {}), dict):
+            layer[section][leaf] = _parse_scalar(value.strip())
+    return layer
 
 
 def _overridden(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -217,9 +290,10 @@ def _overridden(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> 
 MAX_BASE_DEPTH = 8  # how many `base:` files one config may stack
 
 
-def _read_config_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """One config file as a mapping, with its ``base:`` file (a path relative to this file) read first and this
-    file's keys merged over it, section by section; bases may stack, up to MAX_BASE_DEPTH, and never loop."""
+def _read_config_file(path: Path, chain: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """One config file as its layers: its ``base:`` file's (a path relative to this file) first, then this file's
+    own mapping, to be merged over them section by section; bases may stack, up to MAX_BASE_DEPTH, and never
+    loop."""
     if chain:
         raw = read_yaml_file(path, f"{chain[-1]}: base file", f"fix the base: key of {chain[-1]}")
     else:
@@ -227,7 +301,7 @@ def _read_config_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     if "base" not in raw:
-        return raw
+        return [raw]
     base = raw.pop("base")
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{path}: base: expected the path of another config file (relative to this one, e.g. "
@@ -241,7 +315,7 @@ def _read_config_file(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: base: {base} makes a loop ({loop}); a config cannot include itself")
     if len(chain) + 1 > MAX_BASE_DEPTH:
         raise ConfigError(f"{path}: base: more than {MAX_BASE_DEPTH} config files stacked; flatten the chain")
-    return _merged(_read_config_file(base_path, (*chain, path)), raw)
+    return [*_read_config_file(base_path, (*chain, path)), raw]
 
 
 def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -489,6 +563,8 @@ RANGES: dict[str, Range] = {
     "train.seed": _SEED,
     "train.ckpt_every": _at_least(1),
     "train.keep_last": _at_least(0, "0 keeps all"),
+    "train.guide_at": Range(0.0, 1.0, lo_open=True, hi_open=True,
+                            why="a share of train.max_steps; null = no guide kept"),
     "train.max_nonfinite": _at_least(1),
     "log.every": _at_least(1, "steps between tracker logs"),
     "log.sample_every": _at_least(0, "0 = never"),
@@ -573,6 +649,31 @@ def _check_consistency(cfg: ExperimentConfig) -> None:
                           "'.' or absolute path); put the location in output_dir=...")
 
 
+# The settings that each objective never reads, and what it reads instead: set to anything but their default,
+# they are refused (they would be silently ignored). A section name stands for every key of it.
+OBJECTIVE_IGNORES: dict[str, tuple[tuple[str, ...], str]] = {
+    "flow": (("meanflow",), "the meanflow section is read only by train.objective=meanflow"),
+    "meanflow": (("transport.time_dist", "transport.logit_normal_mean", "transport.logit_normal_std",
+                  "transport.train_eps", "transport.sample_eps"),
+                 "MeanFlow draws its times from meanflow.time_mean and meanflow.time_std, over all of [0, 1], and "
+                 "samples with its own steps"),
+}
+
+
+def _objective_settings(cfg: ExperimentConfig, table: dict[str, tuple[tuple[str, ...], str]]
+                        ) -> list[tuple[str, Any, Any]]:
+    """(key, value, default) of every setting that ``table`` lists for the config's objective."""
+    out = []
+    for name in table[cfg.train.objective][0]:
+        section, _, leaf = name.partition(".")
+        node = getattr(cfg, section)
+        default = type(node)()
+        for f in dataclasses.fields(node):
+            if not leaf or f.name == leaf:
+                out.append((f"{section}.{f.name}", getattr(node, f.name), getattr(default, f.name)))
+    return out
+
+
 def _check_meanflow(cfg: ExperimentConfig, mcfg: ModelConfig) -> None:
     """train.objective=meanflow and everything it needs; a MeanFlow model and its sampler go together."""
     meanflow = cfg.train.objective == "meanflow"
@@ -580,10 +681,17 @@ def _check_meanflow(cfg: ExperimentConfig, mcfg: ModelConfig) -> None:
         raise ConfigError(f"model.mean_flow={mcfg.mean_flow} with train.objective={cfg.train.objective}: the interval "
                           "input follows from the objective; drop model.mean_flow and set train.objective")
     if (cfg.sampler.mode == "meanflow") != meanflow:
-        fix = ("sampler.mode=meanflow (sampler.method=euler, sampler.steps=1)" if meanflow
-               else "an ode or sde sampler, or train.objective=meanflow")
+        fix = ("sampler.mode=meanflow sampler.method=euler sampler.steps=1 (or drop the sampler.* settings given "
+               "with the objective: it implies them)" if meanflow
+               else "sampler.mode=ode or sde, or train.objective=meanflow")
         raise ConfigError(f"sampler.mode={cfg.sampler.mode} with train.objective={cfg.train.objective}: a MeanFlow "
                           f"model samples with its own steps and a flow model with an ODE/SDE; use {fix}")
+    ignored = [f"{key}={shown(value)}" for key, value, default in _objective_settings(cfg, OBJECTIVE_IGNORES)
+               if value != default]
+    if ignored:
+        them = "it" if len(ignored) == 1 else "them"
+        raise ConfigError(f"{', '.join(ignored)}: no effect with train.objective={cfg.train.objective} "
+                          f"({OBJECTIVE_IGNORES[cfg.train.objective][1]}); drop {them} or choose the other objective")
     if not meanflow:
         return
     tc = cfg.transport

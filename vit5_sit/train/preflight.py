@@ -6,8 +6,9 @@
 - stale ``.step_XXXXXXX.tmp-PID`` folders of killed writers are removed (never a finished checkpoint);
 - where to start: ``--resume auto`` takes the newest checkpoint that verifies and never deletes or rewrites
   one; when checkpoints exist but none verifies it refuses, listing each and why;
-- a resume with other model, transport or data-shape settings than the run's ``config.yaml`` names the
-  fields that differ (``train.global_batch_size`` and ``train.seed`` too: they decide the data order);
+- a resume with other settings than the run's ``config.yaml`` names the fields that differ: every key that
+  decides what is trained (model, transport, objective, meanflow, optimizer, EMA, REPA, the data order, and any
+  key added later) must match; only those in ``RESUME_FREE`` (the schedule, logging, paths) may change;
 - the checkpoint's weights against the model the config builds (names and shapes read from the
   safetensors header, nothing loaded): a checkpoint of another model is refused with the differing fields,
   also when it was copied without its run's ``config.yaml``;
@@ -37,10 +38,18 @@ from vit5_sit.train.checkpoint import (
 
 FREE_SPACE_CHECKPOINTS = 3   # warn when the disk holds fewer checkpoints than this
 BYTES_PER_PARAMETER = 16     # fp32 model + EMA + AdamW's two moments
-# Settings a resumed run must share with its config.yaml: they decide the weights' shapes, the loss, or the
-# data order (a step's batch is positions [step * G, (step + 1) * G) of the seeded stream).
-RESUME_FIXED = ("model", "transport", "data.kind", "data.resolution", "data.channels",
-                "train.global_batch_size", "train.seed", "repa.weight", "repa.depth", "repa.projector_dim")
+# The settings a resumed run may change from its config.yaml: where the run and its data live, how long it runs
+# and its schedule, how the same steps are executed, logging and the sampler of its grids. Every other key
+# (model, transport, the objective and its meanflow section, the optimizer, EMA, REPA, the data order: a step's
+# batch is positions [step * G, (step + 1) * G) of the seeded stream) decides what is trained and must match,
+# and so does any key added later: a new one is fixed until it is listed here.
+RESUME_FREE = ("name", "output_dir", "data.path", "data.num_workers", "data.vae",
+               "train.max_steps", "train.lr", "train.warmup_steps",                  # the schedule
+               "train.grad_accum", "train.compile", "train.grad_checkpointing",      # the same global batch,
+               "train.fsdp", "train.tf32",                                           # executed another way
+               "train.ckpt_every", "train.keep_last", "train.guide_at", "train.max_nonfinite",
+               "repa.encoder_weights",                                               # where the same encoder is read
+               "log", "sampler")                                                     # grids only
 
 
 class PreflightError(ValueError):
@@ -196,14 +205,14 @@ def check_checkpoint_fits(cfg: ExperimentConfig, start: Path) -> None:
         f"run that wrote it (its config.yaml), or set those model.* fields")
 
 
-def config_differences(old: ExperimentConfig, new: ExperimentConfig, keys=RESUME_FIXED) -> list[str]:
-    """``key: old vs new`` for each of ``keys`` (a section or a dotted key) that differs."""
+def config_differences(old: ExperimentConfig, new: ExperimentConfig, free=RESUME_FREE) -> list[str]:
+    """``key: old vs new`` for each key that differs, except those under ``free`` (sections or dotted keys)."""
     a, b = _flat(to_dict(old)), _flat(to_dict(new))
     out = []
     for key in sorted(set(a) | set(b)):
         if key == "model.preset":
             continue  # the resolved fields decide the model, not the preset's name
-        if any(key == k or key.startswith(k + ".") for k in keys) and a.get(key) != b.get(key):
+        if not any(key == k or key.startswith(k + ".") for k in free) and a.get(key) != b.get(key):
             out.append(f"{key}: {a.get(key)!r} in config.yaml, {b.get(key)!r} now")
     return out
 

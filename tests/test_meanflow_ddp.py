@@ -1,0 +1,171 @@
+"""MeanFlow under DDP (issue 51, item 3): the gradients of a MeanFlow step are all-reduced over processes.
+
+`torch.func.jvp` through a DDP-wrapped module skips DDP's forward, and with it the gradient all-reduce: each
+process then steps on its own half of the batch, silently. Ours computes the JVP target without gradient on the
+bare model and the prediction with gradient through the wrapper. Two checks, over 2 gloo CPU processes:
+- the gradients of one step, on each rank, equal those of one process on the whole global batch, while the
+  pattern of the public re-implementations (the prediction taken from the JVP's primal output) leaves each rank
+  with its own gradients: the check can fail;
+- a 2-process training run (`accelerate launch`, train.py) ends with the checkpoint of the 1-process run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from tinydata import TINY_TRAIN, image_folder, reset_accelerate
+
+from vit5_sit.config import load_config
+from vit5_sit.models import create_model
+from vit5_sit.models.layers import forward_ad_ops
+from vit5_sit.train.checkpoint import list_checkpoints
+from vit5_sit.train.objective import Batch, MeanFlowObjective, StepRng, Trainee, _bare_model
+from vit5_sit.transport import Transport
+from vit5_sit.transport.meanflow import MeanFlowConfig, meanflow_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+WORLD, GLOBAL_BATCH, SEED, STEP = 2, 4, 3, 5
+MEANFLOW = MeanFlowConfig(ratio=1.0, guidance_scale=2.0)  # every sample through the JVP, the guidance pass too
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = create_model("ViT5G-T/4", input_size=8, in_channels=1, num_classes=3, depth=1, hidden_size=32,
+                         num_heads=2, mean_flow=True)
+    with torch.no_grad():  # leave adaLN-Zero's zeros: every weight gets a gradient
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _batch() -> Batch:
+    g = torch.Generator().manual_seed(1)
+    return Batch(torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1]))
+
+
+class PublicPattern(MeanFlowObjective):
+    """The trap, deliberately: the prediction with gradient is the primal output of `torch.func.jvp` on the
+    bare model (one pass instead of two), so DDP's forward never runs and its all-reduce is skipped."""
+
+    def __call__(self, net, batch, rng):
+        t, d, noise, drop = self.draw(rng, tuple(batch.x1.shape[1:]))
+        y = self.drop_labels(batch.y, drop)
+        x_t, v = self.transport.interpolate(noise, batch.x1, t)
+        model = _bare_model(net)
+        with forward_ad_ops():
+            pred, dudt = torch.func.jvp(lambda x, tt, dd: model(x, tt, y, interval=dd), (x_t, t, d),
+                                        (v, torch.ones_like(t), -torch.ones_like(d)))
+        target = (v + d.view(-1, 1, 1, 1) * dudt).detach()
+        return {"loss": meanflow_loss(pred, target, self.cfg)[0].mean()}
+
+
+def _grads(net: torch.nn.Module, objective, rows: slice) -> torch.Tensor:
+    """One step's gradient, flattened, for the rows ``rows`` of the global batch."""
+    batch = _batch()
+    rng = StepRng(SEED, STEP, GLOBAL_BATCH, rows)
+    objective(net, Batch(batch.x1[rows], batch.y[rows]), rng)["loss"].backward()
+    grads = torch.cat([p.grad.flatten() for p in net.parameters() if p.requires_grad])
+    net.zero_grad(set_to_none=True)
+    return grads
+
+
+OBJECTIVES = {"ours": MeanFlowObjective, "public-pattern": PublicPattern}
+
+
+def _rank(rank: int, store: str, out: str) -> None:
+    """One gloo process: each objective's gradient on this rank's rows, through DDP; rank 0 saves all ranks'."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        model = _model()
+        net = torch.nn.parallel.DistributedDataParallel(Trainee(model))
+        micro = GLOBAL_BATCH // WORLD
+        rows = StepRng.for_micro_batch(SEED, STEP, GLOBAL_BATCH, 0, micro, rank, WORLD).rows
+        result = {}
+        for name, kind in OBJECTIVES.items():
+            g = _grads(net, kind(Transport(), model.null_label, 0.25, MEANFLOW), rows)
+            every = [torch.empty_like(g) for _ in range(WORLD)]
+            dist.all_gather(every, g)
+            result[name] = torch.stack(every)
+        if rank == 0:
+            torch.save(result, out)
+        dist.barrier()  # both ranks done before either tears gloo down
+    finally:
+        dist.destroy_process_group()
+
+
+def test_meanflow_gradients_are_all_reduced_under_ddp(tmp_path):
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds): once, here, before the fork
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "grads.pt"
+    # Forked, not spawned: the processes start with torch and the package already imported.
+    mp.start_processes(_rank, args=(str(tmp_path / "store"), str(out)), nprocs=WORLD, start_method="fork")
+    ranks = torch.load(out, weights_only=True)
+    model = _model()  # one process, the whole global batch
+    one = _grads(Trainee(model), MeanFlowObjective(Transport(), model.null_label, 0.25, MEANFLOW),
+                 slice(0, GLOBAL_BATCH))
+    assert one.abs().max() > 1e-3
+    ours = ranks["ours"]
+    assert torch.equal(ours[0], ours[1])  # all-reduced: every rank steps with the same gradient ...
+    torch.testing.assert_close(ours[0], one, atol=1e-7, rtol=1e-5)  # ... the global batch's
+    # The trap: each rank keeps the gradient of its own rows (what the check above would catch).
+    trap = ranks["public-pattern"]
+    assert (trap[0] - trap[1]).abs().max() > 1e-3
+    assert (trap[0] - one).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole loop: 2 processes through accelerate against 1 process, checkpoint for checkpoint.
+
+RUNS = {"meanflow": ["train.objective=meanflow", "sampler.mode=meanflow", "sampler.method=euler",
+                     "sampler.steps=1", "meanflow.guidance_scale=2", "meanflow.ratio=0.5"]}
+
+
+def _overrides(root: Path, name: str, data: Path, objective: str) -> list[str]:
+    return [*TINY_TRAIN, f"output_dir={root}", f"name={name}", "data.kind=images", f"data.path={data}",
+            "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4",
+            "train.max_steps=2", *RUNS[objective]]
+
+
+def _final(run: Path) -> dict[str, torch.Tensor]:
+    ckpt = list_checkpoints(run)[-1].path
+    return {**load_file(str(ckpt / "model.safetensors")),
+            **{f"ema.{k}": v for k, v in load_file(str(ckpt / "ema.safetensors")).items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", sorted(RUNS))
+def test_two_processes_end_with_the_checkpoint_of_one(tmp_path, objective):
+    from vit5_sit.train.loop import train
+
+    data = image_folder(tmp_path / "data")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          str(ROOT / "train.py"), *_overrides(tmp_path, "two", data, objective)],
+                         env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 processes (MULTI_CPU" in two.stdout, two.stdout[-2000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two processes: the same reduction order
+    try:
+        reset_accelerate()
+        train(load_config(None, _overrides(tmp_path, "one", data, objective)))
+    finally:
+        torch.set_num_threads(threads)
+    a, b = _final(tmp_path / "one"), _final(tmp_path / "two")
+    assert a.keys() == b.keys()
+    assert a["final_layer.linear.weight"].abs().max() > 1e-5  # zero at initialisation: the run trained
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=3e-8, rtol=0, msg=k)

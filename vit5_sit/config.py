@@ -221,6 +221,7 @@ def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...]
     if not overrides:
         return cfg
     base = to_dict(cfg)
+    base["model"].pop("mean_flow", None)  # derived from train.objective (written out only to be complete)
     return from_dict(_implied_sampler(_overridden(base, overrides), [to_dict(cfg), _override_layer(overrides)]))
 
 

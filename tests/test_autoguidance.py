@@ -182,3 +182,24 @@ def test_sample_py_guide_errors_are_one_line_before_sampling(run, tmp_path, caps
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
         assert not out.exists()
+
+
+def test_guide_auto_is_the_checkpoint_the_run_kept(tmp_path_factory, tmp_path, capsys):
+    import numpy as np
+
+    from vit5_sit.config import load_config, save_config
+
+    run = _tiny_run(tmp_path_factory.mktemp("kept"))
+    cfg = load_config(run / "config.yaml", ["train.max_steps=20", "train.ckpt_every=10", "train.guide_at=0.4"])
+    save_config(cfg, run / "config.yaml")
+    sample = _sample()
+    common = ["--ckpt", run, "--cfg-scale", 1.5, "--num-samples", 2, "--no-progress"]
+    assert sample.main([str(a) for a in [*common, "--guide", "auto", "--out", tmp_path / "a.npz"]]) == 0
+    explicit = run / "checkpoints" / "step_0000010"
+    assert sample.main([str(a) for a in [*common, "--guide", explicit, "--out", tmp_path / "b.npz"]]) == 0
+    assert np.array_equal(np.load(tmp_path / "a.npz")["arr_0"], np.load(tmp_path / "b.npz")["arr_0"])
+    capsys.readouterr()
+    save_config(load_config(run / "config.yaml", ["train.guide_at=null"]), run / "config.yaml")
+    assert sample.main([str(a) for a in [*common, "--guide", "auto", "--out", tmp_path / "c.npz"]]) == 2
+    err = capsys.readouterr().err
+    assert "keeps no guide" in err and "train.guide_at=None" in err

@@ -36,6 +36,23 @@ def test_keep_last(tmp_path):
     assert [c.step for c in list_checkpoints(tmp_path)] == [3, 4]
 
 
+def test_keep_last_never_deletes_the_kept_guide(tmp_path):
+    w = {"w": torch.zeros(2)}
+    for step in (1, 2, 3, 4, 5):
+        save_checkpoint(tmp_path, step, w, w, {"optimizer": {}}, keep_last=2, keep=(2,))
+    assert [c.step for c in list_checkpoints(tmp_path)] == [2, 4, 5]
+
+
+@pytest.mark.parametrize("max_steps, every, guide_at, want", [
+    (3600, 400, 1 / 9, 400), (3600, 400, 0.22, 800), (3600, 400, 0.01, 400),  # at least one ckpt_every
+    (800_000, 50_000, 1 / 9, 100_000), (400, 400, 1 / 9, None),            # the last step is the model itself
+    (3600, 400, None, None)])
+def test_guide_step_is_the_checkpoint_nearest_the_share(max_steps, every, guide_at, want):
+    from vit5_sit.config import TrainConfig
+
+    assert TrainConfig(max_steps=max_steps, ckpt_every=every, guide_at=guide_at).guide_step() == want
+
+
 def test_truncated_newest_is_reported_and_previous_used(tmp_path):
     _save(tmp_path, 1)
     newest = _save(tmp_path, 2)

@@ -92,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
     arg("--guide", metavar="PATH", type=path_text, default=None,
         help="autoguidance: a bad version of the model (a run, checkpoint or model folder, or Hub repo id, trained "
-             "on the same data and classes with the same objective, e.g. an early checkpoint of the same run); "
-             "--cfg-scale is then its weight w: guide + w (model - guide), within --guidance-interval (default: "
-             "none, classifier-free guidance)")
+             "on the same data and classes with the same objective, e.g. an early checkpoint of the same run; "
+             "auto: the guide the --ckpt run kept, train.guide_at); --cfg-scale is then its weight w: "
+             "guide + w (model - guide), within --guidance-interval (default: none, classifier-free guidance)")
     arg("--sampler", choices=("ode", "sde", "meanflow"), default=None,
         help="default: the run config's, else ode; meanflow: a MeanFlow model's average-velocity steps (the "
              "only sampler of those models, 1 step = 1 network call by default)")
@@ -201,14 +201,14 @@ def load_guide(args, loaded: Loaded) -> Loaded | None:
     one error naming the difference (data shape, classes, kind, transport)."""
     if args.guide is None:
         return None
-    from vit5_sit.hub.model_files import ModelLoadError, load_for_sampling, local_model_path
+    from vit5_sit.hub.model_files import ModelLoadError, kept_guide, load_for_sampling, local_model_path
     from vit5_sit.transport import GuidanceError, check_guide
 
     if args.guide_channels is not None:
         raise UsageError(f"--guide-channels {args.guide_channels}: the official scripts' channel subset is for "
                          "classifier-free guidance; leave it out with --guide")
     try:
-        path = local_model_path(args.guide)
+        path = kept_guide(loaded.path) if args.guide == "auto" else local_model_path(args.guide)
         if not path.exists():
             raise ModelLoadError(f"no such file or folder: {path}")
         if path.is_file():
@@ -219,6 +219,7 @@ def load_guide(args, loaded: Loaded) -> Loaded | None:
         check_guide(loaded.model.cfg, model.cfg, main_transport, cfg.transport)
     except (ModelLoadError, GuidanceError, ValueError, FileNotFoundError) as e:
         raise UsageError(f"--guide: {e}") from None
+    args.guide = str(path)  # 'auto' resolved: what the log line and an .npz manifest name
     return Loaded(model, cfg, path, False, loaded.factor, loaded.input_size)
 
 
@@ -258,7 +259,11 @@ def vae_for(args, loaded: Loaded):
         if args.vae is not None:
             raise UsageError("--vae: this model works on pixels, not VAE latents; leave --vae out")
         return None
-    return args.vae or (loaded.cfg.data.vae if loaded.cfg is not None else DEFAULT_VAE)
+    if args.vae is not None or loaded.cfg is None:
+        return args.vae or DEFAULT_VAE
+    from vit5_sit.hub.model_files import model_vae
+
+    return model_vae(loaded.path, loaded.cfg)  # a model folder's own vae/, else the config's data.vae
 
 
 def classes_for(args, num_classes: int, grid: bool) -> list[int]:

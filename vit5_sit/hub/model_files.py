@@ -17,9 +17,10 @@ import torch
 
 from vit5_sit.common.checks import ModelLoadError, first_line, tensors_problem
 from vit5_sit.config import ExperimentConfig, load_config
+from vit5_sit.hub.agreement import WEIGHTS_FIX, check_folder, fit_problem, read_header
 from vit5_sit.hub.files import BUNDLED_MODELS, WEIGHTS_FILE, parse_repo_spec, resolve_model_path
 from vit5_sit.models import PRESETS, Denoiser, create_model, load_official_state_dict, model_config
-from vit5_sit.models.official import StateDictMismatch, state_dict_mismatch
+from vit5_sit.models.official import StateDictMismatch
 from vit5_sit.train.checkpoint import (
     CheckpointError,
     latest_valid_checkpoint,
@@ -88,13 +89,28 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
         f"checkpoints/ or with ema.safetensors / model.safetensors / {WEIGHTS_FILE} beside it)")
 
 
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors weights file; unreadable (truncated, not safetensors, a folder) = one line."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({first_line(e)}); {WEIGHTS_FIX}") from None
+
+
+def model_vae(folder: str | Path, cfg: ExperimentConfig) -> str:
+    """The VAE of a latent model: the ``vae/`` its model folder carries (diffusers' layout), else the config's
+    data.vae (a run or checkpoint folder; an exported config names a local VAE by its folder name only)."""
+    own = Path(folder) / "vae"
+    return str(own) if (own / "config.json").is_file() else cfg.data.vae
+
+
 def load_for_sampling(path: str | Path | None = None, *, preset: str | None = None,
                       overrides: dict | None = None, use_ema: bool = True, device: torch.device | str = "cpu",
                       ) -> tuple[Denoiser, ExperimentConfig | None]:
     """A model in eval mode on ``device``, and its experiment config (None for official files)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = local_model_path(path)
     if path.is_file():
         if path.suffix not in (".pt", ".pth", ".bin"):
@@ -118,15 +134,12 @@ def load_for_sampling(path: str | Path | None = None, *, preset: str | None = No
                              "has its own config.yaml")
     model = create_model(cfg.model_config())
     weights = _weights_in(folder, use_ema)
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError) as e:
-        raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
-    missing, unexpected, wrong = state_dict_mismatch(model.state_dict(), state)
-    shapes = [f"{k} {tuple(f)} (model: {tuple(m)})" for k, f, m in wrong]
-    if missing or unexpected or shapes:
-        raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
-                             f"{missing[:5]}, unexpected keys: {unexpected[:5]}, wrong shapes: {shapes[:5]})")
+    check_folder(folder, cfg, weights)  # config.yaml against transformer/config.json, the weights' record, ...
+    state = read_weights(weights)
+    problem = fit_problem({k: tuple(v.shape) for k, v in model.state_dict().items()},
+                          {k: tuple(v.shape) for k, v in state.items()})
+    if problem:
+        raise ModelLoadError(f"{weights}: does not fit the model of {config_path}: {problem}; {WEIGHTS_FIX}")
     check_weights(state, model, weights)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.to(device).eval(), cfg
@@ -169,28 +182,25 @@ def check_model(path: str | Path, use_ema: bool = True) -> None:
     from vit5_sit.config import ConfigError
 
     try:
+        cfg = load_config(config_path)
         with torch.device("meta"):
-            expected = create_model(load_config(config_path).model_config()).state_dict()
+            expected = create_model(cfg.model_config()).state_dict()
     except ConfigError as e:
         raise ModelLoadError(f"{config_path}: {e}") from None
     weights = _weights_in(folder, use_ema)
+    check_folder(folder, cfg, weights)
+    problem = fit_problem({k: tuple(v.shape) for k, v in expected.items()}, read_header(weights)[1])
+    if problem:
+        raise ModelLoadError(f"{weights}: does not fit the model of {config_path}: {problem}; {WEIGHTS_FIX}")
     try:
         with safe_open(str(weights), "pt") as f:
             names = set(f.keys())  # noqa: SIM118
-            missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
-            if missing or unexpected:
-                raise ModelLoadError(f"{weights}: does not fit the model of {config_path} (missing keys: "
-                                     f"{missing[:5]}, unexpected keys: {unexpected[:5]})")
             for name in sorted(names):
                 problem = tensors_problem({name: f.get_tensor(name)}, {name: expected[name]})
                 if problem:
                     raise ModelLoadError(f"{weights}: {problem}; {WEIGHTS_FIX}")
     except (SafetensorError, OSError) as e:
         raise ModelLoadError(f"{weights}: not a readable safetensors file ({first_line(e)})") from None
-
-
-WEIGHTS_FIX = ("use an earlier checkpoint, or export the model folder again from a good one "
-               "(python -m vit5_sit.demo export RUN --out FOLDER)")
 
 
 def check_weights(state: dict[str, torch.Tensor], model: torch.nn.Module | None, source: str | Path) -> None:
@@ -247,3 +257,27 @@ def model_identity(path: str | Path | None = None, preset: str | None = None) ->
             pass  # no usable meta.json (a model folder): name the file instead
     st = weights.stat()
     return {"weights": str(weights.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def kept_guide(path: str | Path) -> Path:
+    """The autoguidance guide a run keeps (``train.guide_at``: the checkpoint nearest that share of its training):
+    for a run folder or one of its checkpoints, that checkpoint's folder. ModelLoadError when it kept none."""
+    from vit5_sit.config import load_config
+    from vit5_sit.train.checkpoint import PREFIX, checkpoint_dir
+
+    folder, config_path = resolve_checkpoint(path)
+    if folder.parent.name != "checkpoints":
+        raise ModelLoadError(f"{path}: not a run or checkpoint folder, so it keeps no guide by training; give the "
+                             "guide's folder (an early checkpoint of the same run, or a model folder)")
+    run = config_path.parent
+    train = load_config(config_path).train
+    step = train.guide_step()
+    if step is None:
+        raise ModelLoadError(f"{run}: keeps no guide (train.guide_at={train.guide_at}, max_steps "
+                             f"{train.max_steps}, ckpt_every {train.ckpt_every}); give the guide's folder")
+    guide = checkpoint_dir(run) / f"{PREFIX}{step:07d}"
+    if not guide.is_dir():
+        raise ModelLoadError(f"{run}: its guide, the checkpoint at step {step} (train.guide_at="
+                             f"{train.guide_at:g} of {train.max_steps} steps), is not there yet (trained to "
+                             "that step?) or was deleted; give the guide's folder")
+    return guide

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,10 @@ def _fsync(path: Path) -> None:
 def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch.Tensor],
                     ema_state: dict[str, torch.Tensor], state: dict[str, Any], keep_last: int = 0,
                     extra: dict[str, dict[str, torch.Tensor]] | None = None,  # file name -> tensors
+                    keep: Collection[int] = (),  # steps never deleted (the run's autoguidance guide)
                     ) -> Path:
-    """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last`` (0 keeps all)."""
+    """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last`` (0 keeps all) and the
+    steps of ``keep``."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:07d}"
@@ -97,7 +100,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model_state: dict[str, torch
     os.replace(tmp, final)
     if keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old.path, ignore_errors=True)
+            if old.step not in keep:
+                shutil.rmtree(old.path, ignore_errors=True)
     return final
 
 

@@ -414,8 +414,9 @@ def _guard(launch: Launch, state: State, result: StepResult) -> None:
         return
     state.nonfinite_run += 1
     state.nonfinite_total += 1
-    launch.log(f"step {state.step}: non-finite loss or gradient ({result.terms['loss']:.4g}); step skipped "
-               f"({state.nonfinite_run} in a row)")
+    bad = [k for k, v in result.terms.items() if not math.isfinite(v)]  # the objective's terms (MeanFlow: target)
+    what = ", ".join(f"{k} {result.terms[k]:.4g}" for k in bad) if bad else f"gradient norm {result.grad_norm:.4g}"
+    launch.log(f"step {state.step}: non-finite {what}; step skipped ({state.nonfinite_run} in a row)")
     if state.nonfinite_run >= tc.max_nonfinite:
         raise TrainingError(
             f"{state.nonfinite_run} non-finite steps in a row at step {state.step}: the run diverged. Try a "
@@ -477,8 +478,9 @@ def _checkpoint(launch: Launch, state: State) -> None:
         saved = {"optimizer": full.optimizer, "nonfinite_total": state.nonfinite_total,
                  "ema_updates": state.ema.num_updates, "samples_seen": state.step * tc.global_batch_size}
         extra = {PROJECTOR_FILE: full.projector} if full.projector is not None else None
+        guide = tc.guide_step()
         save_checkpoint(launch.cfg.run_dir, state.step, full.model, full.ema, saved, keep_last=tc.keep_last,
-                        extra=extra)
+                        extra=extra, keep=() if guide is None else (guide,))
     acc.wait_for_everyone()
 
 

@@ -79,7 +79,7 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
         # Values outside the page's widgets reach our checks (the setting and its range), not Gradio's wording.
         with pytest.raises(Exception, match="images per class 999: choose a whole number in 1-"):
             client.predict(str(model_dir), "1", 999, 1.0, 0.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
-        with pytest.raises(Exception, match=r"guidance_interval=\(2.0, 1.0\): must be in \[0, 1\]"):
+        with pytest.raises(Exception, match=r"guide from t / to t \(2.0, 1.0\): must be in \[0, 1\]"):
             client.predict(str(model_dir), "1", 1, 2.0, 2.0, 1.0, "ode", "euler", 2, 0, api_name="/generate")
         with pytest.raises(Exception, match="steps 0: choose a whole number in 1-"):
             client.predict(str(model_dir), "1", 1, 1.0, 0.0, 1.0, "ode", "euler", 0, 0, api_name="/generate")
@@ -238,6 +238,92 @@ def test_page_keeps_the_last_grid_on_a_bad_input(model_dir, tmp_path):
         api(*[str(model_dir), "99", *args[2:]], progress=lambda *a, **k: None)
     deps = {d["api_name"]: d for d in page.config["dependencies"] if d.get("api_name")}
     assert deps["generate"]["api_visibility"] == "public" and deps["generate_on_page"]["api_visibility"] == "private"
+
+
+def _dependency(page, fn_name: str) -> dict:
+    index = next(i for i, f in page.fns.items() if f.fn is not None and f.fn.__name__ == fn_name)
+    return next(d for d in page.config["dependencies"] if d["id"] == index)
+
+
+def test_one_step_button_draws_and_every_grid_has_one_progress_bar(model_dir, tmp_path):
+    """(#53) The "one-step demo" button filled the form and stopped: it now draws the one-step demo's grid too,
+    after the form is filled (and only if it was); a grid showed three progress bars (one per output)."""
+    pytest.importorskip("gradio")
+    page = demo_app.build_app(str(model_dir), out_dir=tmp_path)
+    fill = _dependency(page, "fill_one_step")
+    then = [d for d in page.config["dependencies"] if d["trigger_after"] == fill["id"]]
+    assert len(then) == 1 and then[0]["trigger_only_on_success"]
+    assert page.fns[then[0]["id"]].fn.__name__ == "generate_on_page"
+    grid_id = next(b._id for b in page.blocks.values() if getattr(b, "label", None) == "grid")
+    for d in page.config["dependencies"]:
+        if grid_id in d["outputs"]:  # a call that draws a grid: its bar on the grid only
+            assert d["show_progress_on"] == [grid_id], d["api_name"]
+        else:  # filling the form: no bar over each field
+            assert d["show_progress"] == "hidden", d["api_name"]
+    # what the button does, in order: the form, then the grid of that form
+    name, classes, guidance, sampler, method, steps, about = _page_fn(page, "fill_one_step")()
+    assert (name, sampler, steps, guidance) == (demo_app.DEMO_1STEP, "meanflow", 1, 1.0)
+    grid, download, info = _page_fn(page, "generate_on_page")(
+        name, classes, 1, guidance, 0.0, 1.0, sampler, method, steps, 0, progress=lambda *a, **k: None)
+    assert Path(grid).is_file() and "10 classes x 1 images, meanflow/euler 1 steps" in info
+
+
+@pytest.mark.parametrize("model, change, control", [
+    (demo_app.DEMO_1STEP, dict(sampler="ode"), "use sampler meanflow, 1 step by default, steps k"),
+    ("tiny", dict(sampler="meanflow"), "use an ODE or SDE sampler (sampler ode / sde)"),
+    ("tiny", dict(sampler="sde", method="dopri5"), "method dopri5 (sampler sde): must be one of 'euler', 'heun'"),
+    ("tiny", dict(sampler="bogus"), "sampler bogus: must be one of"),
+    ("tiny", dict(guidance=-3.0), "guidance scale -3.0: must be in [0, 1000]"),
+    ("tiny", dict(guidance=2.0, interval_low=0.8, interval_high=0.2), "guide from t / to t 0.8 0.2: need 0 <="),
+    ("tiny", dict(seed=2**32 - 1), "seed 4294967295: sample seeds must lie in"),
+])
+def test_page_errors_name_the_pages_controls_not_cli_flags(model_dir, tmp_path, model, change, control):
+    """A bad setting on the page is named as the page names it (the guidance scale slider, the sampler radio
+    button), not as sample.py's flag (--cfg-scale), the pipeline's argument (guidance_scale) or a config key."""
+    models = demo_app.Models()
+    with pytest.raises(demo_app.DemoError) as e:
+        demo_app.generate_grid(models, tmp_path, str(model_dir) if model == "tiny" else model, **{**GOOD, **change})
+    message = str(e.value)
+    assert control in message
+    assert not re.search(r"(?<![\w-])--[a-z]|guidance_scale|guidance_interval|num_inference_steps|class_labels|"
+                         r"SamplerConfig|sampler\.\w+=|(?<![\w.])(seed|sampler|method|steps|cfg_scale)=", message), message
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("--cfg-scale 3: this model has guidance trained in; leave --cfg-scale at 1",
+     "guidance scale 3: this model has guidance trained in; leave guidance scale at 1"),
+    ("num_images_per_prompt=0: must be at least 1", "images per class 0: must be at least 1"),
+    ("--steps 0 (sampler.steps=0): must be at least 1", "steps 0: must be at least 1"),
+    ("class_labels=[1.5]: whole class ids", "classes [1.5]: whole class ids"),
+    ("the --guide-channels-like word cfg_scale_x stays", "the --guide-channels-like word cfg_scale_x stays"),
+])
+def test_in_page_words_renames_flags_arguments_and_keys(message, shown):
+    assert demo_app.in_page_words(message) == shown
+
+
+def test_help_and_docs_state_the_evaluation_cap_against_the_demos_grid():
+    """`app --help` and docs/demo.md said the cap was 4x the demo's grid (true of the SDE 50 grid; 34x of Euler 6):
+    the figures are derived from DEMO_GRID, which is checked against the bundled demo's config."""
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "vit5_sit" / "assets" / "demo" / "config.yaml").read_text())
+    images, steps, guided = demo_app.DEMO_GRID
+    assert images == demo["model"]["num_classes"] * demo_app.DEFAULT_PER_CLASS
+    assert (demo["sampler"]["mode"], demo["sampler"]["method"], demo["sampler"]["steps"]) == ("ode", "euler", steps)
+    assert guided == (2 if demo["log"]["sample_cfg_scale"] != 1 else 1)
+    ratio = demo_app.MAX_EVALS // demo_app.DEMO_GRID_EVALS
+    assert (demo_app.DEMO_GRID_EVALS, ratio) == (480, 34)
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        demo_app.main(["--help"])
+    assert f"{ratio}x the demo's default grid ({demo_app.DEMO_GRID_EVALS:,}: {images} digits x {steps} Euler" in \
+        " ".join(out.getvalue().split())
+    page = " ".join((ROOT / "docs" / "demo.md").read_text().split())
+    assert (f"(default {demo_app.MAX_EVALS:,}: {ratio} times the demo's default grid, {images} x {steps} x {guided} "
+            f"= {demo_app.DEMO_GRID_EVALS:,}") in page
 
 
 def test_model_box_serves_only_the_allowed_models(model_dir, tmp_path, monkeypatch):

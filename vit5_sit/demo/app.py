@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -41,11 +42,15 @@ DEFAULT_PORT = 7860          # Gradio's usual port
 DEMO = "demo"                # the model box's name for the bundled demo model
 DEMO_1STEP = "demo-1step"    # the bundled one-step MeanFlow demo (vit5_sit.hub.files.BUNDLED_MODELS)
 MAX_PER_CLASS = 16
+DEFAULT_PER_CLASS = 4        # the page's "images per class" at start: the demo's grid is 10 classes x 4
 MAX_STEPS = 250
 MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo, not a batch job
 MAX_EVALS = 16_384           # image-evaluations of the network per grid (a guided one counts 2), adaptive solvers
-#                              included: 4x the demo's old default grid (SDE 50: 40 x 51 x 2 = 4,080; 34x its
-#                              default grid now, Euler 6 steps: 40 x 6 x 2 = 480)
+#                              included: 34x the demo's default grid (DEMO_GRID_EVALS); set when that grid was
+#                              SDE 50 steps (40 x 51 x 2 = 4,080), as 4x it
+DEMO_GRID = (10 * DEFAULT_PER_CLASS, 6, 2)  # the demo's default grid: 40 digits x Euler 6 steps x 2 (guidance 6);
+#                              tests/test_app.py checks it against vit5_sit/assets/demo/config.yaml
+DEMO_GRID_EVALS = math.prod(DEMO_GRID)
 MAX_QUEUE = 16               # calls waiting for the sampler; more are turned away ("queue is full")
 KEEP_MODELS = 2              # pipelines kept loaded (switching back and forth does not reload)
 METHODS = ("dpm++2m", "dpm++3m", "euler", "heun", "dopri5")  # the page's choices: fixed-step solvers (DPM-Solver++
@@ -55,6 +60,38 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo sends
 
 class DemoError(ValueError):
     """A bad value in the page; shown there as one line."""
+
+
+# The page's controls under the names the package's messages give their values (sample.py's flags, the pipeline's
+# arguments, config keys): a message shown on the page names the slider or radio button to change instead.
+PAGE_CONTROLS = {
+    "guidance scale": ("--cfg-scale", "guidance_scale", "cfg_scale", "log.sample_cfg_scale"),
+    "guide from t / to t": ("--guidance-interval", "guidance_interval"),
+    "sampler": ("--sampler", "sampler.mode"),
+    "method": ("--method", "sampler.method"),
+    "steps": ("--steps", "num_inference_steps", "sampler.steps"),
+    "seed": ("--seed",),
+    "classes": ("--classes", "class_labels"),
+    "images per class": ("--per-class", "num_images_per_prompt"),
+    "model": ("--ckpt", "--model"),
+}
+_CONTROL = {name: label for label, names in PAGE_CONTROLS.items() for name in names}
+_NAMED = re.compile(r"(?<![\w.-])(" + "|".join(sorted(map(re.escape, _CONTROL), key=len, reverse=True))
+                    + r")(?![\w-])(=?)")
+_CONFIG_ALSO = re.compile(r" \((?:sampler|log)\.[\w.]+=[^)]*\)")  # "--sampler meanflow (sampler.mode=meanflow)"
+_SAMPLER_CONFIG = re.compile(r"^sampler / method / num_inference_steps: SamplerConfig(?:\(mode='(\w+)'\))?\."
+                             r"(\w+)='([^']*)'")  # the pipeline's check of the three, in dataclass terms
+_SAMPLER_FIELDS = {"mode": "sampler", "method": "method", "steps": "steps"}
+_ASSIGNED = re.compile(r"(?<![\w.-])(seed|sampler|method|steps)=")  # 'seed=5: ...' as the page writes it: 'seed 5'
+
+
+def in_page_words(message: str) -> str:
+    """``message`` with every value named as the page names it: 'guidance_scale=-3' and '--cfg-scale -3' are
+    'guidance scale -3', and "SamplerConfig(mode='sde').method='dopri5'" is 'method dopri5 (sampler sde)'."""
+    message = _SAMPLER_CONFIG.sub(lambda m: f"{_SAMPLER_FIELDS.get(m.group(2), m.group(2))} {m.group(3)}"
+                                  + (f" (sampler {m.group(1)})" if m.group(1) else ""), message)
+    message = _ASSIGNED.sub(r"\1 ", _CONFIG_ALSO.sub("", message))
+    return _NAMED.sub(lambda m: _CONTROL[m.group(1)] + (" " if m.group(2) else ""), message)
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -206,7 +243,7 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
         raise DemoError(f"{cost.format(evals)} = {len(labels) * evals * guided:,}: more than the {max_evals:,} "
                         "a grid may take here; take fewer images or steps, or sample.py") from None
     except (ClassSpecError, VAELoadError, ValueError) as e:
-        raise DemoError(str(e)) from None
+        raise DemoError(in_page_words(str(e))) from None
     import numpy as np
 
     images = np.stack([np.asarray(im) for im in out.images])
@@ -241,6 +278,11 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
         except DemoError as e:
             raise gr.Error(str(e)) from None
         return d["classes"], d["guidance"], d["sampler"], d["method"], d["steps"], d["about"]
+
+    def fill_one_step():
+        """The one-step demo button's first half: the model box and the form set to the one-step demo's defaults
+        (the second half draws its grid)."""
+        return DEMO_1STEP, *load(DEMO_1STEP)
 
     tracker = gr.Progress()  # Gradio gives each call its own, fed by the sampler's step hook
 
@@ -286,7 +328,7 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                 about = gr.Markdown(first["about"])
                 classes = gr.Textbox(first["classes"], label="classes",
                                      info="ids, ranges (0-9) or, for ImageNet models, names; comma-separated")
-                per_class = gr.Slider(1, MAX_PER_CLASS, value=4, step=1, label="images per class")
+                per_class = gr.Slider(1, MAX_PER_CLASS, value=DEFAULT_PER_CLASS, step=1, label="images per class")
                 guidance = gr.Slider(1.0, 10.0, value=first["guidance"], step=0.25,
                                      label="guidance scale (1 = none)")
                 with gr.Row():
@@ -305,7 +347,8 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                 download = gr.File(label="download")
         inputs = [name, classes, per_class, guidance, low, high, sampler, method, steps, seed]
         # One sampler at a time for the page and the API (it takes every core); the others wait in the queue.
-        queued = dict(concurrency_id="sampler", concurrency_limit=1)
+        # One progress bar, on the grid (on every output, a grid was drawn under three bars).
+        queued = dict(concurrency_id="sampler", concurrency_limit=1, show_progress_on=[grid])
         go.click(generate_on_page, inputs, [grid, download, info], api_visibility="private", **queued)
         api = gr.Button(visible=False)  # the API's /generate: the same inputs, but an input error is an error
         # ... and inputs of its own, without the widgets' bounds: a value outside them reaches generate_grid, whose
@@ -315,9 +358,12 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                       gr.Textbox(visible=False), gr.Textbox(visible=False), gr.Number(visible=False),
                       gr.Number(visible=False)]
         api.click(generate, api_inputs, [grid, download, info], api_name="generate", **queued)
-        load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load")
-        one_step_btn.click(lambda: (DEMO_1STEP, *load(DEMO_1STEP)), None,
-                           [name, classes, guidance, sampler, method, steps, about], api_visibility="private")
+        form = dict(show_progress="hidden")  # filling the form is quick: no bar over each of its fields
+        load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load", **form)
+        # the one-step demo button fills the form, then draws its grid as "generate" would
+        one_step_btn.click(fill_one_step, None, [name, classes, guidance, sampler, method, steps, about],
+                           api_visibility="private", **form).success(
+            generate_on_page, inputs, [grid, download, info], api_visibility="private", **queued)
     app.queue(max_size=max_queue, default_concurrency_limit=1)
     return app
 
@@ -350,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                         "or 'any'. Default: any on localhost; only --model when --host is another address")
     p.add_argument("--max-evals", type=positive_int, default=MAX_EVALS, metavar="N",
                    help=f"network evaluations one grid may take, summed over its images (a guided one counts 2; "
-                        f"adaptive solvers such as dopri5 are stopped past it). Default: {MAX_EVALS:,}, 4x the "
-                        "demo's default grid, about 2 minutes on an idle 2-core CPU")
+                        f"adaptive solvers such as dopri5 are stopped past it). Default: {MAX_EVALS:,}, "
+                        f"{MAX_EVALS // DEMO_GRID_EVALS}x the demo's default grid ({DEMO_GRID_EVALS:,}: "
+                        "{} digits x {} Euler steps x {}, guided)".format(*DEMO_GRID))
     p.add_argument("--max-queue", type=positive_int, default=MAX_QUEUE, metavar="N",
                    help=f"calls that may wait while one grid is drawn; more are turned away (default: {MAX_QUEUE})")
     args = p.parse_args(argv)

@@ -205,3 +205,63 @@ def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):  # another user's process: alive
+        return True
+    return True
+
+
+def _stale_folders(path: Path) -> None:
+    """What a killed `atomic_folder(path)` left: its unfinished ``.NAME.new-PID-*`` (removed) and, killed between
+    its two renames, the old folder ``.NAME.old-PID-*`` (put back where ``path`` is missing, else removed)."""
+    import shutil
+
+    for kind in ("new", "old"):
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.{kind}-*"):
+            pid = stale.name[len(f".{path.name}.{kind}-"):].split("-")[0]
+            if not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            if kind == "old" and not path.exists() and not path.is_symlink():
+                os.replace(stale, path)
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """A new, empty folder beside `path` to write a whole folder into; when the block ends it replaces `path`
+    (renamed into place), so readers see the old folder or the whole new one, never a mix. If the block raises,
+    the new folder is removed and `path` is left as it was. A link at `path` keeps pointing where it did: the
+    folder it names is replaced. A killed process leaves the old folder (or, killed between the two renames,
+    none, the old one waiting as ``.NAME.old-PID-*``) and an unfinished ``.NAME.new-PID-*``: the next call for the
+    same path puts the old folder back or removes what is stale."""
+    import shutil
+
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _stale_folders(path)
+    stage = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.new-{os.getpid()}-"))
+    try:
+        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes owner-only folders; use the usual permissions
+        yield stage
+        old = None
+        if path.exists() or path.is_symlink():
+            old = path.parent / f".{path.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
+            os.replace(path, old)
+        try:
+            os.replace(stage, path)
+        except BaseException:
+            if old is not None:
+                os.replace(old, path)
+            raise
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -15,6 +15,12 @@ out), ``README.md`` (a model card: preset, parameters, training, sampler default
 metrics ``eval_fid.py compare`` measured for this checkpoint, also in ``metrics.json``). ``--push`` uploads it
 to a Hugging Face Hub model repo (see `vit5_sit.hub.api`).
 
+The export is written into a new folder beside ``--out``, checked (loaded back as every loader loads it; no
+file naming a local path of this machine, `vit5_sit.hub.public`) and then renamed onto ``--out``: a failure or a
+kill leaves ``--out`` as it was (an earlier export, or none), and a source that cannot make a folder that loads
+(weights missing a key, truncated, NaN) is one error with nothing written. ``--out`` is replaced whole, so a
+folder holding other files than a model folder's is refused.
+
 An official SiT ``.pt`` file converts to the same layout (`vit5_sit.hub.official`): ``--preset`` names its model
 (default SiT-XL/2), ``--image-size`` its resolution (default 256) and ``--vae`` the VAE stored in ``vae/`` (default
 stabilityai/sd-vae-ft-ema), as ``sample.py`` takes them; its weights stay float32. On a CPU, ``--no-samples``: the
@@ -67,19 +73,9 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
         raise ModelLoadError("--preset/--image-size/--vae apply to official .pt files only; this folder has its "
                              "own config.yaml (its data.vae names the VAE)")
     import torch
-    from safetensors.torch import load_file
 
-    from vit5_sit.common.utils import atomic_write_text
-    from vit5_sit.hub.api import (
-        CARD_FILE,
-        SAMPLES_FILE,
-        collect_metrics,
-        config_at_step,
-        model_card,
-        read_metrics,
-        write_model_folder,
-    )
-    from vit5_sit.hub.model_files import resolve_checkpoint, weights_file
+    from vit5_sit.hub.api import collect_metrics, config_at_step, model_card, read_metrics, write_model_folder
+    from vit5_sit.hub.model_files import model_vae, read_weights, resolve_checkpoint, weights_file
 
     dtype = torch.float16 if dtype is None else dtype
     folder, config_path = resolve_checkpoint(run_or_ckpt)
@@ -88,14 +84,14 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     cfg = config_at_step(config_path, folder, overrides)
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
-    ema = load_file(str(weights_file(folder)))
-    (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
-    out = write_model_folder(out, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder), repo_id=repo_id)
-    if samples:
-        draw_samples(out, progress=progress)
-        num_params = sum(v.numel() for v in ema.values())  # the card again, now showing the grid
-        atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id, has_samples=True))
-    return out
+    ema = read_weights(weights_file(folder))  # truncated or not safetensors: one line
+    vae = model_vae(folder, cfg) if cfg.data.kind == "latents" else None  # a model folder's own vae/ first
+    num_params = sum(v.numel() for v in ema.values())
+    return write_export(
+        out, lambda stage: write_model_folder(stage, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder),
+                                              repo_id=repo_id, vae=vae),
+        lambda: model_card(cfg, num_params, metrics, repo_id, has_samples=True),  # the card showing the grid
+        samples=samples, progress=progress, sources=[folder])
 
 
 def export_official(path: str | Path, out: str | Path, *, preset: str | None = None, image_size: int | None = None,
@@ -107,10 +103,9 @@ def export_official(path: str | Path, out: str | Path, *, preset: str | None = N
     as its config (`vit5_sit.hub.official.official_config`), ``vae`` stored in ``vae/`` (default the config's:
     stabilityai/sd-vae-ft-ema), float32 weights unless ``dtype`` says otherwise."""
     from vit5_sit.common.checks import ModelLoadError
-    from vit5_sit.common.utils import atomic_write_text
     from vit5_sit.config import ConfigError, with_overrides
     from vit5_sit.data.vae import DEFAULT_VAE
-    from vit5_sit.hub.api import CARD_FILE, SAMPLES_FILE, model_card, write_model_folder
+    from vit5_sit.hub.api import model_card, write_model_folder
     from vit5_sit.hub.model_files import OFFICIAL_PRESET, load_official
     from vit5_sit.hub.official import official_config
 
@@ -123,40 +118,111 @@ def export_official(path: str | Path, out: str | Path, *, preset: str | None = N
         cfg = with_overrides(cfg, extra + list(sampler or []))
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
-    (Path(out) / SAMPLES_FILE).unlink(missing_ok=True)  # an earlier export's grid must not pass for these weights
     state = model.state_dict()
-    out = write_model_folder(out, state, cfg, dtype=dtype, source=str(path), repo_id=repo_id, vae=vae,
-                             converted_from=str(path))
-    if samples:
-        draw_samples(out, progress=progress)
-        num_params = sum(v.numel() for v in state.values())  # the card again, now showing the grid
-        atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, (), repo_id, has_samples=True,
-                                                      converted_from=str(path)))
+    num_params = sum(v.numel() for v in state.values())
+    return write_export(
+        out, lambda stage: write_model_folder(stage, state, cfg, dtype=dtype, source=str(path), repo_id=repo_id,
+                                              vae=vae, converted_from=str(path)),
+        lambda: model_card(cfg, num_params, (), repo_id, has_samples=True, converted_from=str(path)),
+        samples=samples, progress=progress, sources=[path] + ([Path(vae)] if isinstance(vae, str | Path) else []))
+
+
+# Top-level names of a model folder (`vit5_sit.hub.files.MODEL_FILES`, code files with their hash, autoguidance's
+# guide/): a destination holding anything else is not replaced (an export replaces the whole folder).
+EXPORTED_NAMES = ("config.yaml", "ema.safetensors", "README.md", "metrics.json", "samples.png", "model_index.json",
+                  "pipeline_vit5_sit*.py", "transformer", "scheduler", "vae", "guide", ".*.tmp")
+
+
+def replaceable_problem(out: Path) -> str | None:
+    """Why an export may not replace the folder ``out``, or None: it holds what no export writes (notes, a git
+    clone's .git, another project), which the replacement would delete."""
+    import fnmatch
+
+    from vit5_sit.hub.files import MODEL_FILES
+
+    if not out.is_dir():
+        return None
+    names = {*EXPORTED_NAMES, *(p.split("/")[0] for p in MODEL_FILES)}
+    foreign = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatchcase(p.name, n) for n in names))
+    if not foreign:
+        return None
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    return (f"holds {', '.join(foreign[:3])}{more}, which are no files of a model folder, and an export replaces the "
+            "whole folder; give a new folder (or an earlier export), or move them out")
+
+
+def write_export(out: str | Path, write, card, *, samples: bool, progress: bool, sources: list) -> Path:
+    """Write a model folder atomically: ``write(stage)`` fills a new folder beside ``out``, ``samples.png`` is
+    drawn from it (``samples``) and ``card()`` rewritten to show it, then what was written is checked (loaded back
+    as every loader loads it; no local path in any file) and the folder renamed onto ``out``. A failure or a kill
+    before the rename leaves ``out`` as it was (an earlier export, or none). A grid that cannot be drawn leaves the
+    folder without it, written, and raises the UsageError after the rename."""
+    from vit5_sit.common.utils import atomic_folder, atomic_write_text
+    from vit5_sit.hub.api import CARD_FILE
+
+    out = Path(out)
+    problem = replaceable_problem(out)
+    if problem:
+        raise UsageError(f"--out {out}: {problem}")
+    grid_error = None
+    with atomic_folder(out) as stage:
+        write(stage)
+        if samples:
+            try:
+                draw_samples(stage, progress=progress, shown_as=out)
+                atomic_write_text(stage / CARD_FILE, card())
+            except UsageError as e:
+                grid_error = e
+        check_export(stage, sources + [out.resolve().parent])
+    if grid_error is not None:
+        raise grid_error
     return out
 
 
-def draw_samples(folder: str | Path, progress: bool = False) -> Path:
+def check_export(folder: Path, local: list) -> None:
+    """What an export wrote, before it is renamed into place: it loads as `load_for_sampling` loads it (config.yaml
+    and the files derived from it agree, the weights fit and are finite), and no file holds a local path of
+    ``local`` (the source, the destination's folder)."""
+    from vit5_sit.hub.model_files import load_for_sampling
+    from vit5_sit.hub.public import local_paths_in
+
+    load_for_sampling(folder)
+    leaks = local_paths_in(folder, [str(Path(p).resolve()) for p in local])
+    if leaks:
+        file, path = leaks[0]
+        raise ModelLoadError(f"{file} would publish the local path {path}; nothing was written (a bug of vit5-sit: "
+                             "please report it)")
+
+
+def draw_samples(folder: str | Path, progress: bool = False, shown_as: str | Path | None = None) -> Path:
     """``folder/samples.png``: the grid ``python sample.py --ckpt FOLDER`` draws (every class of models with at
     most 16, else sample.py's default classes; 4 images each, seeds 0, 1, ...; the folder's sampler section and
     ``log.sample_cfg_scale``), written atomically. Raises UsageError when it cannot be drawn (a latent model's
-    VAE missing offline, ...) and KeyboardInterrupt when interrupted (nothing written then)."""
+    VAE missing offline, ...; naming ``shown_as``, the folder's final place, when given) and KeyboardInterrupt
+    when interrupted (nothing written then)."""
+    import tempfile
+
     from vit5_sit.cli.sample import build_parser, run
+    from vit5_sit.common.utils import atomic_write_bytes
     from vit5_sit.hub.api import SAMPLES_FILE
 
     out = Path(folder) / SAMPLES_FILE
-    flags = ["--ckpt", str(folder), "--out", str(out), *([] if progress else ["--no-progress"])]
-    args = build_parser().parse_args(flags)
-    try:
-        code = run(args)  # sample.py itself: the same defaults, the same pixels
-    except UsageError as e:
-        raise UsageError(f"{out}: {e}") from None
-    if code:  # 130: interrupted (sample.py said so); a grid is written whole, so nothing was
-        raise KeyboardInterrupt
+    with tempfile.TemporaryDirectory(prefix="vit5-sit-grid-") as tmp:  # sample.py writes nowhere in the package
+        grid = Path(tmp) / SAMPLES_FILE
+        flags = ["--ckpt", str(folder), "--out", str(grid), *([] if progress else ["--no-progress"])]
+        args = build_parser().parse_args(flags)
+        try:
+            code = run(args)  # sample.py itself: the same defaults, the same pixels
+        except UsageError as e:
+            raise UsageError(f"{Path(shown_as or folder) / SAMPLES_FILE}: {e}") from None
+        if code:  # 130: interrupted (sample.py said so); a grid is written whole, so nothing was
+            raise KeyboardInterrupt
+        atomic_write_bytes(out, grid.read_bytes())
     return out
 
 
-@stops_cleanly("interrupted: each file in the model folder is whole, but the folder may mix this export with "
-               "an earlier one; run the same command again")
+@stops_cleanly("interrupted: the model folder is as it was before (an earlier export, or none); run the same "
+               "command again")
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m vit5_sit.demo", command="demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output_folder(args.out, "--out", into_assets=True)  # a file there, a read-only folder: said before loading
         # the run (into the package's assets too: `--out vit5_sit/assets/demo` regenerates the bundled demo)
+        if (problem := replaceable_problem(Path(args.out))) is not None:
+            raise UsageError(f"--out {args.out}: {problem}")
         if args.preset is not None:
             check_choice("--preset", args.preset, PRESETS, error=UsageError)
     except UsageError as err:

@@ -305,7 +305,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     ``cached_only``, None when the samples or the metrics are not cached yet (nothing is sampled or scored).
     """
     from vit5_sit.common import distributed as dist
-    from vit5_sit.hub.model_files import load_for_sampling, model_identity
+    from vit5_sit.hub.model_files import load_for_sampling, model_identity, model_vae
     from vit5_sit.sampling.generate import manifest_path, npz_is_complete, sample_to_npz, sampling_manifest
     from vit5_sit.transport import Transport
 
@@ -313,7 +313,7 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
     samples = (cache or run / "eval") / settings.tag() / f"{ckpt.path.name}.npz"
     options = dict(num_samples=settings.num_samples, seed=settings.seed, cfg_scale=settings.cfg_scale,
                    guidance_interval=tuple(settings.guidance_interval),
-                   vae=cfg.data.vae if cfg.data.kind == "latents" else None,
+                   vae=model_vae(ckpt.path, cfg) if cfg.data.kind == "latents" else None,  # a folder's vae/ first
                    identity=model_identity(ckpt.path), part_size=settings.part_size,
                    batch_size=settings.batch_size)
     manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)

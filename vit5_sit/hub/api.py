@@ -189,8 +189,10 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     from huggingface_hub import ModelCard, ModelCardData
 
     from vit5_sit.config import LATENT_DOWNSAMPLE
+    from vit5_sit.hub.public import public_config, public_rows
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
+    cfg, metrics = public_config(cfg), public_rows(metrics)  # a card is published: no local path in it
     m = cfg.model_config()
     preset = dataclasses.asdict(PRESETS[cfg.model.preset]) if cfg.model.preset in PRESETS else {}
     changed = {k: v for k, v in dataclasses.asdict(m).items() if k in preset and preset[k] != v}
@@ -309,26 +311,38 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
 def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: ExperimentConfig, *,
                        metrics: Sequence[dict] = (),
                        dtype: torch.dtype | None = None,   # e.g. torch.float16 halves the size; None keeps it
-                       source: str | None = None,          # recorded in the safetensors metadata
+                       source: str | None = None,          # named in errors only (never written: a local path)
                        repo_id: str | None = None,         # named in the card's usage examples
                        vae=None,                           # latent models: the VAE to store; None = data.vae's
                        converted_from: str | None = None,  # the official SiT file the weights came from
                        ) -> Path:
     """Write a model folder: config.yaml, the weights, README.md (the card), metrics.json (if any) and diffusers'
-    layout (`vit5_sit.hub.layout`: model_index.json, the components' configs and code, a latent model's VAE)."""
+    layout (`vit5_sit.hub.layout`: model_index.json, the components' configs and code, a latent model's VAE).
+
+    One source of truth (`vit5_sit.hub.agreement`): transformer/config.json and the record in the weights'
+    metadata are derived from ``cfg``, and weights that do not fit its model (keys, shapes) or hold NaN / inf are
+    refused before anything is written. Nothing written names a local path (`vit5_sit.hub.public`)."""
     from safetensors.torch import save
 
     from vit5_sit.common.checks import tensors_problem
+    from vit5_sit.hub.agreement import expected_shapes, fit_problem, weights_metadata
+    from vit5_sit.hub.public import public_config, public_rows
 
     out = Path(out)
+    what = source or "the weights"
+    problem = fit_problem(expected_shapes(cfg.model_config()), {k: tuple(v.shape) for k, v in state.items()})
+    if problem:
+        raise ModelLoadError(f"{what}: do not fit the model of their config.yaml: {problem}; export a checkpoint "
+                             "of that run, or fix its config.yaml")
     tensors = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in state.items()}
     problem = tensors_problem(tensors)  # NaN or inf, an integer tensor, or values beyond dtype's range
     if problem:
         cast = f" as {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
-        raise ModelLoadError(f"{source or 'the weights'}{cast}: {problem}; export a good checkpoint instead "
+        raise ModelLoadError(f"{what}{cast}: {problem}; export a good checkpoint instead "
                              "(or keep float32 if float16 overflows)")
-    atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata={"format": "pt", **({"source": source}
-                                                                                      if source else {})}))
+    vae = cfg.data.vae if vae is None else vae  # the VAE as this machine names it; the config says its name only
+    cfg, metrics = public_config(cfg), public_rows(metrics)
+    atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata=weights_metadata(cfg.model_config())))
     (out / LEGACY_WEIGHTS_FILE).unlink(missing_ok=True)  # an older export's weights must not be read instead
     save_config(cfg, out / CONFIG_FILE)
     write_diffusers_layout(out, cfg, vae)

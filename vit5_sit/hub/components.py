@@ -30,6 +30,7 @@ import dataclasses
 import inspect
 import numbers
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
@@ -37,6 +38,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerOutput
 
 from vit5_sit.common.classes import ClassSpecError, check_class_id
+from vit5_sit.hub.agreement import check_loaded, check_transformer_files, read_json, transformer_files
 from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
 from vit5_sit.pipeline import Vit5SitPipelineOutput, convert_images, draw_seeds
@@ -88,6 +90,20 @@ class Vit5SitTransformer2DModel(ModelMixin, ConfigMixin, Denoiser):
     def __init__(self, **fields) -> None:
         Denoiser.__init__(self, ModelConfig(**fields))  # nn.Module's __init__ through Denoiser's
         self._gradient_checkpointing_func = None         # what ModelMixin.__init__ sets
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """diffusers' loading, refusing a folder whose files state two models (`vit5_sit.hub.agreement`): before
+        the model is built, config.json against the record in the weights' metadata and the weights' keys and
+        shapes against the model; after, the config it was built with against that record, and NaN or inf."""
+        where = str(Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or ""))
+        files = transformer_files(pretrained_model_name_or_path, kwargs)
+        if files is not None:
+            check_transformer_files(read_json(files[0]), files[1], where)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True: (model, info)
+        check_loaded(model, model.cfg, files[1] if files is not None else None, where)
+        return loaded
 
 
 class Vit5SitScheduler(SchedulerMixin, ConfigMixin):

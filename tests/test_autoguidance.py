@@ -203,3 +203,40 @@ def test_guide_auto_is_the_checkpoint_the_run_kept(tmp_path_factory, tmp_path, c
     assert sample.main([str(a) for a in [*common, "--guide", "auto", "--out", tmp_path / "c.npz"]]) == 2
     err = capsys.readouterr().err
     assert "keeps no guide" in err and "train.guide_at=None" in err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# eval_fid.py compare --guide: every checkpoint sampled with its guide, cached apart from classifier-free guidance.
+
+@pytest.mark.parametrize("spec", ["step:10", "path"])
+def test_compare_samples_each_checkpoint_with_its_guide(run, tmp_path, monkeypatch, spec):
+    import numpy as np
+
+    import vit5_sit.eval.compare as compare
+    from vit5_sit.config import load_config
+    from vit5_sit.hub.model_files import load_for_sampling
+    from vit5_sit.train.checkpoint import list_checkpoints
+
+    guide_dir = run / "checkpoints" / "step_0000010"
+    settings = compare.CompareSettings(num_samples=4, steps=2, cfg_scale=2.0, part_size=4, batch_size=4,
+                                       metrics=("fid",), guide=str(guide_dir) if spec == "path" else spec)
+    assert settings.tag() != compare.CompareSettings(num_samples=4, steps=2, cfg_scale=2.0).tag()
+    monkeypatch.setattr(compare, "_cached_metrics", lambda *a, **k: {})
+    cfg = load_config(run / "config.yaml")
+    newest = list_checkpoints(run)[-1]
+    row = compare.evaluate_checkpoint(run, "run", cfg, newest, settings, None, device="cpu", progress=False,
+                                      log=lambda m: None, cache=tmp_path)
+    model, _ = load_for_sampling(newest.path)
+    guide, _ = load_for_sampling(guide_dir)
+    want = sample_images(model, Transport(cfg.transport), settings.sampler(), [0, 1, 2, 3], [0, 1, 2, 3],
+                         cfg_scale=2.0, guide=guide)
+    assert np.array_equal(np.load(row["samples"])["arr_0"], want)
+
+
+@pytest.mark.parametrize("spec, message", [("step:x", "step:N takes a positive whole step"),
+                                           ("step:30", "no checkpoint at step 30"), ("auto", "is not there yet")])
+def test_compare_guide_errors_name_the_problem(run, spec, message):
+    import vit5_sit.eval.compare as compare
+
+    with pytest.raises(compare.CompareError, match=message):
+        compare.CompareSettings(guide=spec).guide_path(run)

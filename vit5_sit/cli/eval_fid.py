@@ -178,7 +178,8 @@ def cmd_compare(args) -> int:
     settings = CompareSettings(
         num_samples=num_samples, seed=args.seed, mode=sampler.mode, method=sampler.method, steps=sampler.steps,
         extra_sampler=_non_default_sampler_fields(sampler), cfg_scale=args.cfg_scale,
-        guidance_interval=tuple(args.guidance_interval), metrics=metrics, batch_size=args.sample_batch_size)
+        guidance_interval=tuple(args.guidance_interval), guide=args.guide, metrics=metrics,
+        batch_size=args.sample_batch_size)
     _flag("--sampler/--method/--steps", settings.sampler)
     steps = f" {sampler.steps} steps" if sampler.method in ("euler", "heun") else ""  # meanflow: euler
     print(f"sampler {sampler.mode}/{sampler.method}{steps} ({source}), cfg {args.cfg_scale:g}; "
@@ -259,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="classifier-free guidance; 1 = none (default)")
     p.add_argument("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
                    help="guide only for t in [LOW, HIGH] (default: 0 1)")
+    p.add_argument("--guide", default=None, metavar="GUIDE",
+                   help="autoguidance with --cfg-scale as its weight: auto (each run's kept guide, train.guide_at), "
+                        "step:N (each run's checkpoint at step N) or a run/checkpoint/model folder guiding every run "
+                        "(default: none, classifier-free guidance)")
     p.add_argument("--metrics", default="fid,sfid,is,pr",
                    help="comma-separated: fid, sfid, is, pr (precision and recall), kid (JSON only) "
                         "(default: fid,sfid,is,pr)")

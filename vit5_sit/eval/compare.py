@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.common.contract import metric_problem
 from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS
 
@@ -47,6 +48,9 @@ class CompareSettings:
     steps: int = 50
     cfg_scale: float = 1.0                  # 1 = no guidance (the paper's scaling curves)
     guidance_interval: tuple[float, float] = (0.0, 1.0)
+    guide: str | None = None                # autoguidance (cfg_scale: its weight): None = classifier-free;
+                                            # 'auto' = each run's kept guide (train.guide_at); 'step:N' = each
+                                            # run's checkpoint at step N; else a folder guiding every run
     metrics: tuple[str, ...] = TABLE_METRICS
     batch_size: int = 64                    # sampling: images per forward per process
     part_size: int = 256                    # sampling: images per resumable part file
@@ -61,6 +65,32 @@ class CompareSettings:
             check_seeds(self.seed, self.num_samples)
         except (GuidanceError, SeedError) as e:
             raise CompareError(str(e)) from None
+        if self.guide is not None and self.guide.startswith("step:"):
+            step = self.guide[5:]
+            if not (step.isascii() and step.isdigit() and int(step) > 0):
+                raise CompareError(f"guide {self.guide!r}: step:N takes a positive whole step, e.g. step:400")
+
+    def guide_path(self, run: Path) -> Path | None:
+        """The guide of ``run``'s checkpoints (None: classifier-free guidance); CompareError when it is missing."""
+        from vit5_sit.hub.model_files import ModelLoadError, kept_guide, local_model_path
+        from vit5_sit.train.checkpoint import PREFIX, checkpoint_dir
+
+        if self.guide is None:
+            return None
+        try:
+            if self.guide == "auto":
+                return kept_guide(run)
+            if self.guide.startswith("step:"):
+                path = checkpoint_dir(run) / f"{PREFIX}{int(self.guide[5:]):07d}"
+                if not path.is_dir():
+                    raise ModelLoadError(f"{run}: no checkpoint at step {self.guide[5:]} to guide with ({path})")
+                return path
+            path = local_model_path(self.guide)
+            if not path.exists():
+                raise ModelLoadError(f"{path}: no such file or folder")
+            return path
+        except ModelLoadError as e:
+            raise CompareError(f"guide: {e}") from None
 
     def sampler(self):
         from vit5_sit.transport import SamplerConfig
@@ -75,7 +105,10 @@ class CompareSettings:
         parts = [f"n{self.num_samples}", f"seed{self.seed}", self.mode, self.method]
         if self.method in FIXED_STEP_METHODS:
             parts.append(f"{self.steps}steps")
-        parts.append(f"cfg{self.cfg_scale:g}")
+        parts.append(f"cfg{self.cfg_scale:g}" if self.guide is None else f"auto{self.cfg_scale:g}")
+        if self.guide is not None:  # 'auto' and 'step:N' name each run's own checkpoint; a folder by its path
+            parts.append(self.guide.replace(":", "") if self.guide == "auto" or self.guide.startswith("step:")
+                         else "guide-" + _short_hash(str(Path(self.guide).resolve())))
         if tuple(self.guidance_interval) != (0.0, 1.0):
             parts.append(f"gi{self.guidance_interval[0]:g}-{self.guidance_interval[1]:g}")
         if self.extra_sampler:
@@ -316,7 +349,9 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
                    vae=model_vae(ckpt.path, cfg) if cfg.data.kind == "latents" else None,  # a folder's vae/ first
                    identity=model_identity(ckpt.path), part_size=settings.part_size,
                    batch_size=settings.batch_size)
-    manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, **options)
+    guide = settings.guide_path(run)
+    guide_identity = None if guide is None else model_identity(guide)
+    manifest = sampling_manifest(cfg.model_config(), cfg.transport, sampler, guide=guide_identity, **options)
     if cached_only:
         if not npz_is_complete(samples, manifest):
             return None
@@ -328,6 +363,16 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
         log(f"{name} step {ckpt.step}: {samples}")
     if not npz_is_complete(samples, manifest):  # else cached: no need to load the model
         model, _ = load_for_sampling(ckpt.path, device=device)
+        if guide is not None:
+            from vit5_sit.transport import GuidanceError, check_guide
+
+            options["guide"], guide_cfg = load_for_sampling(guide, device=device)
+            options["guide_identity"] = guide_identity
+            try:
+                check_guide(model.cfg, options["guide"].cfg, cfg.transport,
+                            guide_cfg.transport if guide_cfg is not None else None)
+            except GuidanceError as e:
+                raise CompareError(f"{name} step {ckpt.step}: guide {guide}: {e}") from None
         sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress, device=device,
                       **options)
         del model
@@ -345,7 +390,8 @@ def _cached_metrics(samples: Path, manifest: Path, evaluator: Evaluator, log, co
             cached = json.loads(path.read_bytes())
         except (OSError, ValueError):  # damaged: computed again
             cached = None
-        if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("result"), dict):
+        if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("result"), dict) \
+                and not any(metric_problem(k, v) for k, v in cached["result"].items()):  # a negative FID: damaged
             return cached["result"]
     if not compute:
         return None

@@ -118,6 +118,32 @@ BATCH = Range(1, MAX_BATCH, why="images per forward")
 WORKERS = Range(0, MAX_WORKERS, why="0 = in this process")
 UNIT = Range(0.0, 1.0, why="t: 0 = noise, 1 = data")
 
+# The values a score can take, checked wherever scores are read back from files (a study's study.json, the
+# evaluation caches): a negative FID or a precision of 1.5 is a damaged or edited file, never a result.
+_SHARE = Range(0.0, 1.0, why="a share of the images")
+METRIC_RANGES: dict[str, Range] = {
+    "fid": Range(0.0, why="a Frechet distance"),
+    "sfid": Range(0.0, why="a Frechet distance"),
+    "is": Range(1.0, why="exp of a mean KL divergence"),
+    "is_std": Range(0.0, why="a standard deviation"),
+    "precision": _SHARE,
+    "recall": _SHARE,
+    "kid": Range(why="an unbiased MMD estimate: slightly negative when the sets agree"),
+    "kid_std": Range(0.0, why="a standard deviation"),
+    "digit_accuracy": _SHARE,
+}
+
+
+def metric_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a score of metric ``name`` (`METRIC_RANGES`), or None (None: not measured; a
+    name without an entry is not a score)."""
+    entry = METRIC_RANGES.get(name)
+    if entry is None or value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"expected a number, got {type(value).__name__}"
+    return entry.problem(float(value))
+
 # ----------------------------------------------------------------------------------------------------------
 # The flags.
 
@@ -209,6 +235,7 @@ FLAGS: dict[str, Arg] = {
     "eval_fid compare --ref": Arg("path", role=IN),
     "eval_fid compare --sample-batch-size": _int(BATCH),
     "eval_fid compare --every": _int(at_least(1, "steps", hi=MAX_TRAIN_STEPS)),
+    "eval_fid compare --guide": TEXT,  # auto, step:N or a folder: checked by vit5_sit.eval.compare
     "eval_fid compare --pr-exact": SWITCH,
     # python -m vit5_sit.study
     "study command": CHOICE,

@@ -169,3 +169,58 @@ def test_two_processes_end_with_the_checkpoint_of_one(tmp_path, objective):
     assert a["final_layer.linear.weight"].abs().max() > 1e-5  # zero at initialisation: the run trained
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=3e-8, rtol=0, msg=k)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The non-finite guard sees the JVP target, not only the loss.
+
+def _nan_in_the_jvp(monkeypatch) -> None:
+    """dU/dt of the JVP (its tangent output) gets a NaN in one element."""
+    from vit5_sit.models import Denoiser
+
+    real = Denoiser.jvp
+
+    def jvp(self, primals, tangents, y):
+        out, dout = real(self, primals, tangents, y)
+        dout = dout.clone()
+        dout.view(-1)[0] = float("nan")
+        return out, dout
+
+    monkeypatch.setattr(Denoiser, "jvp", jvp)
+
+
+def test_nan_in_the_jvp_target_is_a_non_finite_term():
+    model = _model()
+    objective = MeanFlowObjective(Transport(), model.null_label, 0.0, MEANFLOW)
+    terms = objective(Trainee(model), _batch(), StepRng(SEED, STEP, GLOBAL_BATCH, slice(0, GLOBAL_BATCH)))
+    assert torch.isfinite(terms["target"]) and terms["target"] > 0
+    with pytest.MonkeyPatch.context() as mp:
+        _nan_in_the_jvp(mp)
+        terms = objective(Trainee(model), _batch(), StepRng(SEED, STEP, GLOBAL_BATCH, slice(0, GLOBAL_BATCH)))
+    assert torch.isnan(terms["target"])
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain-loss", "loss-masks-the-nan"])
+def test_nan_in_du_dt_skips_the_step_even_with_a_finite_loss(tmp_path, monkeypatch, masked):
+    """A NaN in dU/dt skips the step and stops the run after train.max_nonfinite, named in the log; also when
+    the loss itself stays finite (here a loss that zeroes non-finite targets, as a robust loss might)."""
+    from vit5_sit.train import objective as objective_module
+    from vit5_sit.train.loop import TrainingError, train
+
+    _nan_in_the_jvp(monkeypatch)
+    if masked:
+        real = objective_module.meanflow_loss
+        monkeypatch.setattr(objective_module, "meanflow_loss",
+                            lambda pred, target, cfg: real(pred, torch.nan_to_num(target, nan=0.0), cfg))
+    logs: list[str] = []
+    data = image_folder(tmp_path / "data")
+    cfg = load_config(None, [*_overrides(tmp_path, "nan", data, "meanflow"), "meanflow.ratio=1",
+                             "train.max_nonfinite=3", "train.max_steps=4"])
+    with pytest.raises(TrainingError, match="3 non-finite steps in a row"):
+        train(cfg, log_fn=logs.append)
+    skipped = [line for line in logs if "step skipped" in line]
+    assert len(skipped) == 3 and all("target nan" in line for line in skipped), logs
+    assert all(("loss nan" in line) != masked for line in skipped)  # masked: the loss was finite
+    assert list_checkpoints(tmp_path / "nan")[-1].step == 2  # steps 1-2 skipped and saved, stopped at 3
+    ema = load_file(str(list_checkpoints(tmp_path / "nan")[-1].path / "ema.safetensors"))
+    assert ema["final_layer.linear.weight"].abs().max() == 0  # no step taken: still the zero initialisation

@@ -115,8 +115,12 @@ class MeanFlowObjective(Objective):
 
     Draws, per step and for the whole global batch (like `Objective`): (t, d) (`draw_times`), noise, label
     dropout. The target's JVP and guidance passes run on the bare model without gradient; the prediction with
-    gradient goes through ``net`` (so DDP synchronises it) with the fast kernels. Returns {"loss", "mse"}: mse
-    is the unweighted squared error per element, the number to watch (the weighted loss is ~1 by design)."""
+    gradient goes through ``net`` (so DDP synchronises it) with the fast kernels: never take the prediction from
+    the JVP's primal output, whose gradient would bypass DDP's all-reduce (tests/test_meanflow_traps.py). Returns
+    {"loss", "mse", "target"}: mse is the unweighted squared error per element, the number to watch (the weighted
+    loss is ~1 by design); target is the RMS of the target, non-finite whenever an element of it is (a NaN in the
+    JVP's dU/dt or in the guidance pass), so the loop's non-finite guard skips that step whatever the loss makes
+    of it."""
 
     def __init__(self, transport: Transport, null_label: int, label_dropout: float, cfg: MeanFlowConfig,
                  alignment=None, alignment_weight: float = 0.0) -> None:
@@ -143,7 +147,7 @@ class MeanFlowObjective(Objective):
         pred, projected = net(x_t, t, y, interval=d)
         weighted, mse = meanflow_loss(pred, target, self.cfg)
         loss = weighted.mean()
-        terms = {"loss": loss, "mse": mse.mean()}
+        terms = {"loss": loss, "mse": mse.mean(), "target": target.float().square().mean().sqrt()}
         if self.alignment is not None:
             align = self.alignment(projected, x1)
             terms.update(loss=loss + self.alignment_weight * align, repa=align)

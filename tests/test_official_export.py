@@ -64,7 +64,10 @@ def test_official_file_converts_to_both_layouts(official, folder):
     assert set(weights) == set(state)
     assert all(weights[k].dtype == torch.float32 and torch.equal(weights[k], state[k]) for k in state)  # kept whole
     cfg = load_config(folder / "config.yaml")
-    assert (cfg.model.preset, cfg.data.kind, cfg.data.resolution, cfg.data.vae) == ("SiT-T/2", "latents", 32, str(vae))
+    # the VAE named by its folder's name: the folder carries it in vae/, and no local path is published
+    assert (cfg.model.preset, cfg.data.kind, cfg.data.resolution, cfg.data.vae) == ("SiT-T/2", "latents", 32, vae.name)
+    local = str(pt.parent).encode()
+    assert [p for p in folder.rglob("*") if p.is_file() and local in p.read_bytes()] == []
     assert (cfg.sampler.mode, cfg.sampler.method, cfg.sampler.steps, cfg.log.sample_cfg_scale) == ("sde", "euler",
                                                                                                      250, 4.0)
     assert cfg.model_config() == create_model("SiT-T/2", input_size=4).cfg

@@ -70,7 +70,7 @@ def effective_fields(fields: dict, config_class=ModelConfig) -> dict:
 
 def disagreement(first: dict, second: dict, first_name: str, second_name: str) -> str | None:
     """The first field on which two statements of one config differ, as ``config.json has depth=4 but the record
-    in diffusion_pytorch_model.safetensors has depth=6``; None when they agree. A field only one of them names differs too."""
+    in diffusion_pytorch_model.safetensors has depth=6``; None when they agree. A field only one names differs too."""
     a, b = _json_value(first), _json_value(second)
     for key in [*a, *(k for k in b if k not in a)]:
         if key not in b:

@@ -326,7 +326,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
 
     from vit5_sit.common.checks import tensors_problem
     from vit5_sit.hub.agreement import expected_shapes, fit_problem, weights_metadata
-    from vit5_sit.hub.public import public_config, public_rows
+    from vit5_sit.hub.public import public_config, public_rows, publish_json_files
 
     out = Path(out)
     what = source or "the weights"
@@ -346,6 +346,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
     (out / LEGACY_WEIGHTS_FILE).unlink(missing_ok=True)  # an older export's weights must not be read instead
     save_config(cfg, out / CONFIG_FILE)
     write_diffusers_layout(out, cfg, vae)
+    publish_json_files(out)  # diffusers' configs (vae/config.json's _name_or_path) name where things were loaded
     num_params = sum(v.numel() for v in state.values())
     if metrics:
         atomic_write_text(out / METRICS_FILE, json.dumps(list(metrics), indent=1) + "\n")

@@ -6,7 +6,9 @@ machine that exported it (a home folder, a user name, a temporary folder). The v
 `public_config` and `public_rows` replace each local path by its last part (``/home/me/runs`` -> ``runs``,
 ``/tmp/x/tiny-vae`` -> ``tiny-vae``), which still names the thing without saying where it was. Relative paths
 that stay below the current folder (``data/mnist32``) are kept: they say nothing about the machine.
-`local_paths_in` checks a written folder for the paths it must not hold (the export's last check).
+`publish_json_files` does the same for the JSON files of a written folder (diffusers' configs record where a
+component was loaded from), and `local_paths_in` checks a written folder for the paths it must not hold (the
+export's last check).
 """
 
 from __future__ import annotations
@@ -65,6 +67,20 @@ def public_config(cfg: ExperimentConfig) -> ExperimentConfig:
 def public_rows(rows) -> list[dict]:
     """Metrics rows with every local path among their values replaced by its last part."""
     return [_public(dict(row)) for row in rows]
+
+
+def publish_json_files(folder: str | Path) -> None:
+    """Every JSON file in ``folder`` (diffusers' configs: a VAE saved by diffusers records where it was loaded
+    from as ``_name_or_path``) with each local path among its string values replaced by its last part."""
+    import json
+
+    from vit5_sit.common.utils import atomic_write_text
+
+    for path in sorted(Path(folder).rglob("*.json")):
+        data = json.loads(path.read_bytes())
+        public = _public(data)
+        if public != data:
+            atomic_write_text(path, json.dumps(public, indent=2, sort_keys=True) + "\n")
 
 
 def local_paths_in(folder: str | Path, paths: list[str]) -> list[tuple[str, str]]:

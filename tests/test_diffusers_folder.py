@@ -8,8 +8,10 @@ the scheduler's diffusers step loop is ode_euler's steps."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -126,9 +128,16 @@ def _ours(pipe, kwargs) -> np.ndarray:
 
 def test_folder_has_diffusers_layout_beside_ours(folder):
     index = json.loads((folder / "model_index.json").read_text())
-    assert index["_class_name"] == ["pipeline_vit5_sit", "Vit5SitDiffusersPipeline"]
-    assert index["transformer"] == ["transformer_vit5_sit", "Vit5SitTransformer2DModel"]
-    assert index["vae"] == [None, None] and index["guidance_scale"] == 6.0
+    stems = {name: index[name][0] for name in ("_class_name", "transformer", "scheduler")}
+    assert index["_class_name"][1] == "Vit5SitDiffusersPipeline"
+    assert index["transformer"][1] == "Vit5SitTransformer2DModel"
+    for name, stem in stems.items():  # file stems carry a hash of their text: one diffusers module per code
+        base = {"_class_name": "pipeline_vit5_sit", "transformer": "transformer_vit5_sit",
+                "scheduler": "scheduling_vit5_sit"}[name]
+        assert re.fullmatch(base + "_[0-9a-f]{10}", stem), stem
+        path = folder / ("" if name == "_class_name" else name) / f"{stem}.py"
+        assert hashlib.sha256(path.read_bytes()).hexdigest().startswith(stem[-10:])
+    assert index["vae"] == [None, None] and index["guide"] == [None, None] and index["guidance_scale"] == 6.0
     assert not (folder / "ema.safetensors").exists()  # one weights file, read by both loaders
     weights = list(folder.rglob("*.safetensors"))
     assert weights == [folder / "transformer" / "diffusion_pytorch_model.safetensors"]
@@ -139,7 +148,8 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
 
     assert {k for k in config if not k.startswith("_")} == {f.name for f in dataclasses.fields(ModelConfig)}
     codes = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py"))
-    assert codes == ["pipeline_vit5_sit.py", "scheduler/scheduling_vit5_sit.py", "transformer/transformer_vit5_sit.py"]
+    assert codes == [f"{stems['_class_name']}.py", f"scheduler/{stems['scheduler']}.py",
+                     f"transformer/{stems['transformer']}.py"]
     for name in codes:  # generated from the package's source, importing none of it
         text = (folder / name).read_text()
         imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name

@@ -83,6 +83,7 @@ def _checked_keywords():
 @given(data=st.data())
 def test_a_pipeline_keyword_outside_its_contract_raises_before_sampling(pipe, keyword, data, monkeypatch):
     from vit5_sit import pipeline
+    from vit5_sit.sampling import call
 
     entry = pipeline.PIPELINE_ARGS[keyword]
     bad = data.draw(outside_value(entry), label=keyword)
@@ -90,7 +91,7 @@ def test_a_pipeline_keyword_outside_its_contract_raises_before_sampling(pipe, ke
     def never(*a, **k):
         raise AssertionError("sampled")
 
-    monkeypatch.setattr(pipeline, "sample_images", never)
+    monkeypatch.setattr(call, "sample_images", never)
     with pytest.raises(ValueError, match=keyword):
         pipe([0], **{keyword: bad})
 

@@ -20,3 +20,13 @@ def _version() -> str:
 
 
 __version__ = _version()
+
+
+def __getattr__(name: str):
+    """``from vit5_sit import Vit5SitPipeline``: imported on first use (torch and the models load then), so that
+    ``import vit5_sit`` (every command's ``--help``) stays fast."""
+    if name in ("Vit5SitPipeline", "Vit5SitPipelineOutput"):
+        from vit5_sit import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'vit5_sit' has no attribute {name!r}")

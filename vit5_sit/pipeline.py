@@ -43,84 +43,30 @@ images per class label; a tqdm bar over sampler steps (``set_progress_bar_config
 
 from __future__ import annotations
 
-import dataclasses
-import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from vit5_sit.common.classes import IMAGENET_NUM_CLASSES, ClassSpecError, check_class_id, imagenet_name, parse_classes
-from vit5_sit.common.contract import BATCH, GUIDANCE, MAX_CALL_IMAGES, STEPS, UNIT, Arg, Range, check_arguments
+from vit5_sit.common.classes import IMAGENET_NUM_CLASSES, imagenet_name, parse_classes
 from vit5_sit.config import ExperimentConfig
 from vit5_sit.models import Denoiser
-from vit5_sit.sampling.generate import _check_batch_size, sample_images, sampler_settings, steps_per_batch, to_uint8
-from vit5_sit.transport import SeedError, Transport, check_guidance_settings, check_seeds
+from vit5_sit.sampling.call import (  # the call both doors share; these names are also this module's API
+    MAX_SEED,
+    OUTPUT_TYPES,
+    PIPELINE_ARGS,
+    NFELimitError,
+    Vit5SitPipelineOutput,
+    convert_images,
+    draw_seeds,
+    label_ids,
+    plan_call,
+    run_call,
+)
+from vit5_sit.transport import Transport
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")  # diffusers' output types; None is also taken, as "np" (diffusers')
-# The contract of a pipeline call: every keyword of `Vit5SitPipeline.__call__`, its type and range, checked before
-# anything is built (tests/test_contract.py fails for a keyword without an entry). None: the default decides.
-PIPELINE_ARGS: dict[str, Arg] = {
-    "class_labels": Arg("object", note="get_label_ids: class ids or ImageNet names"),
-    "guidance_scale": Arg("float", GUIDANCE),
-    "guidance_interval": Arg("list", UNIT),
-    "num_inference_steps": Arg("int", STEPS),
-    "sampler": Arg("text"),
-    "method": Arg("text"),
-    "num_images_per_prompt": Arg("int", Range(1, MAX_CALL_IMAGES, why="a call holds its images in memory; for "
-                                              "more, sample.py --out FILE.npz writes them in resumable parts")),
-    "seed": Arg("object", note="check_seeds: the first seed or one per image, each in [0, 2**32)"),
-    "generator": Arg("object", note="draw_seeds: a torch.Generator or one per image"),
-    "output_type": Arg("choice", choices=OUTPUT_TYPES),
-    "batch_size": Arg("int", BATCH),
-    "max_nfe": Arg("int", Range(1, 10**9, why="network evaluations of a batch")),
-    "on_step": Arg("object", note="a callable (done, total)"),
-    "return_dict": Arg("switch"),
-}
-MAX_SEED = 2**31 - 1  # seeds drawn from a torch.Generator lie in [0, MAX_SEED)
-
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be a whole number >= 1")
-    return int(value)
-
-
-@dataclasses.dataclass
-class Vit5SitPipelineOutput:
-    """Like diffusers' ``ImagePipelineOutput``: ``images``, plus the labels and seeds that made them.
-
-    Read as diffusers' ``BaseOutput`` is: ``out.images``, ``out["images"]``, ``out[0]`` (the images, as in
-    ``DiTPipeline``), ``out.to_tuple()`` == ``(images, class_labels, seeds)``, ``images, labels, seeds = out``.
-    """
-
-    images: list | np.ndarray | torch.Tensor  # PIL images; np (N, H, W, C) / pt (N, C, H, W) floats in [0, 1]
-    class_labels: list[int]
-    seeds: list[int]
-
-    def to_tuple(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-
-    def keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)]
-
-    def __getitem__(self, key: int | slice | str):
-        if isinstance(key, str):
-            if key not in self.keys():
-                raise KeyError(f"{key!r}: the output has {', '.join(self.keys())}")
-            return getattr(self, key)
-        return self.to_tuple()[key]
-
-    def __iter__(self):
-        return iter(self.to_tuple())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-
-class NFELimitError(RuntimeError):
-    """A batch needed more network evaluations than ``max_nfe`` allowed (adaptive solvers); it was stopped."""
+__all__ = ["MAX_SEED", "OUTPUT_TYPES", "PIPELINE_ARGS", "NFELimitError", "Vit5SitPipeline", "Vit5SitPipelineOutput",
+           "convert_images", "draw_seeds"]
 
 
 class Vit5SitPipeline:
@@ -265,24 +211,8 @@ class Vit5SitPipeline:
         return {i: str(i) for i in range(n)}
 
     def get_label_ids(self, labels: int | str | Sequence[int | str]) -> list[int]:
-        """Class ids from ids and (ImageNet) names, as ``sample.py --classes`` reads them."""
-        n = self.model.cfg.num_classes
-        if isinstance(labels, torch.Tensor | np.ndarray):  # a tensor / array of ids, or one id
-            labels = labels.reshape(-1).tolist() if labels.ndim <= 1 else labels
-        labels = [labels] if isinstance(labels, int | str | np.integer) else list(labels)
-        if not labels:
-            raise ClassSpecError("class_labels is empty: give at least one class id or name")
-        ids = []
-        for label in labels:
-            if isinstance(label, str):
-                ids += parse_classes(label, n)
-                continue
-            if isinstance(label, torch.Tensor) and label.ndim == 0 and not label.is_floating_point():
-                label = label.item()
-            if isinstance(label, bool) or not isinstance(label, int | np.integer):
-                raise ClassSpecError(f"class label {label!r}: give a class id or an ImageNet class name")
-            ids.append(check_class_id(int(label), n))
-        return ids
+        """Class ids from ids and (ImageNet) names, as ``sample.py --classes`` reads them (`label_ids`)."""
+        return label_ids(labels, self.model.cfg.num_classes, parse_classes)
 
     # -- progress bar (as in diffusers) ----------------------------------------------------------------
     def set_progress_bar_config(self, **kwargs) -> None:
@@ -323,117 +253,15 @@ class Vit5SitPipeline:
         Seeds: ``seed`` as in ``sample.py`` (image i has seed + i), else drawn from ``generator`` (a list:
         image i's seed from generator i), else from torch's global RNG; the output's ``seeds`` has them.
         ``max_nfe``: a fixed-step method that needs more network evaluations per batch is refused before
-        sampling, an adaptive one (dopri5) that takes more is stopped (NFELimitError); None = no bound.
+        sampling, an adaptive one (dopri5) that takes more is stopped (NFELimitError); None = no bound of
+        its own (an adaptive solver stops at MAX_NFE, `vit5_sit.common.contract`, with a SolverError).
         ``on_step(done, total)``: called after each network evaluation with the evaluations done so far
         over all batches and their total (None for adaptive solvers, whose count is not known ahead);
         an exception raised there stops sampling. ``return_dict=False``: ``(images, class_labels, seeds)``.
         """
-        check_arguments(PIPELINE_ARGS, locals())  # every keyword by its contract, before anything is built
-        if output_type is not None and output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type={output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}")
-        per_label = _positive("num_images_per_prompt", num_images_per_prompt)
-        ids = self.get_label_ids(class_labels)
-        if len(ids) * per_label > MAX_CALL_IMAGES:  # before the label list is built (10**12 hung)
-            raise ValueError(f"{len(ids)} class label(s) x num_images_per_prompt={per_label:,} = "
-                             f"{len(ids) * per_label:,} images: a call holds at most {MAX_CALL_IMAGES:,} in memory; "
-                             "call it several times, or write them with sample.py --out FILE.npz")
-        labels = [c for c in ids for _ in range(per_label)]
-        seeds = draw_seeds(len(labels), seed, generator)
-        scale = self.config.log.sample_cfg_scale if guidance_scale is None else float(guidance_scale)
-        check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
-        low, high = guidance_interval
-        if self.scheduler is not None and (sampler is not None or method is not None):
-            raise ValueError(f"sampler={sampler!r} / method={method!r}: this pipeline samples with its scheduler "
-                             f"({type(self.scheduler).__name__}); set pipe.scheduler = None to use ours")
-        try:
-            if self.scheduler is not None:  # its steps, one network evaluation each (counted as ODE Euler)
-                steps = self.config.sampler.steps if num_inference_steps is None else num_inference_steps
-                settings = sampler_settings(None, "ode", "euler", steps)
-            else:
-                settings = sampler_settings(self.config.sampler, sampler, method, num_inference_steps)
-        except ValueError as e:
-            raise ValueError(f"sampler / method / num_inference_steps: {e}") from None
-        _check_batch_size(batch_size)
-        if max_nfe is not None:
-            max_nfe = _positive("max_nfe", max_nfe)
-        evals = steps_per_batch(settings)  # per batch; None: adaptive, known only once it has run
-        if max_nfe is not None and evals is not None and evals > max_nfe:
-            raise NFELimitError(f"{settings.mode}/{settings.method} with {settings.steps} steps takes {evals} network "
-                                f"evaluations a batch: more than max_nfe={max_nfe}; take fewer steps")
-        batches = -(-len(labels) // batch_size)
-        # The bar counts sampler steps over all batches, as sample.py's does (Heun's two evaluations: one step).
-        steps = settings.steps + (settings.mode == "sde" and settings.last_step != "none")
-        count = {"done": 0, "batch": 0, "in_batch": 0}
-
-        def step() -> None:
-            count["done"] += 1
-            count["in_batch"] += 1
-            bar.update(steps / evals if evals else 1)
-            if on_step is not None:
-                on_step(count["done"], evals * batches if evals else None)
-            if max_nfe is not None and count["in_batch"] > max_nfe:
-                size = min(batch_size, len(labels) - count["batch"] * batch_size)
-                raise NFELimitError(f"{settings.mode}/{settings.method} took more than max_nfe={max_nfe} network "
-                                    f"evaluations on a batch of {size} images and was stopped; allow more, or use "
-                                    "a fixed-step method")
-
-        def batch_done(_images: int) -> None:
-            count["batch"] += 1
-            count["in_batch"] = 0
-
-        with self.progress_bar(total=steps * batches if evals else None) as bar:
-            x = sample_images(self.model, self.transport, settings, labels, seeds, cfg_scale=scale,
-                              guidance_interval=(low, high), batch_size=batch_size,
-                              vae=None if output_type == "latent" else self.vae,
-                              device=self.device, on_batch=batch_done, on_step=step, as_float=True,
-                              scheduler=self.scheduler)
-        images = x if output_type == "latent" else convert_images(x, output_type)  # latent: the model's space
-        out = Vit5SitPipelineOutput(images, labels, seeds)
-        return out if return_dict else out.to_tuple()
-
-
-def draw_seeds(n: int, seed, generator) -> list[int]:
-    """The seeds of n images: ``seed`` (the first, image i has seed + i; or one per image), else drawn from
-    ``generator`` (a list: image i's from generator i), else from torch's global RNG."""
-    if seed is not None and generator is not None:
-        raise SeedError("give seed or generator, not both: seed fixes every image's seed, generator draws them")
-    if seed is not None:
-        if isinstance(seed, numbers.Integral):
-            first = check_seeds(seed, n)
-            return list(range(first, first + n))
-        if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray | torch.Tensor):
-            raise SeedError(f"seed={seed!r}: give the first seed (an int; image i has seed + i) or one int "
-                            "per image")
-        seeds = [check_seeds(s.item() if isinstance(s, torch.Tensor) else s) for s in seed]
-        if len(seeds) != n:
-            raise ValueError(f"{len(seeds)} seeds for {n} images: give one seed per image, or the first")
-        return seeds
-    if generator is None or isinstance(generator, torch.Generator):
-        device = "cpu" if generator is None else generator.device
-        return [int(s) for s in torch.randint(0, MAX_SEED, (n,), generator=generator, device=device)]
-    if isinstance(generator, str | bytes) or not isinstance(generator, Sequence):
-        raise SeedError(f"generator of type {type(generator).__name__}: give a torch.Generator, or a list of "
-                        "them, one per image")
-    for i, g in enumerate(generator):
-        if not isinstance(g, torch.Generator):
-            raise SeedError(f"generator[{i}] is a {type(g).__name__}: give a list of torch.Generator, one per "
-                            "image")
-    if len(generator) != n:
-        raise ValueError(f"{len(generator)} generators for {n} images: give one generator per image (or one "
-                         "for all)")
-    # Image i's seed from generator i alone: its image does not depend on the other generators.
-    return [int(torch.randint(0, MAX_SEED, (1,), generator=g, device=g.device)) for g in generator]
-
-
-def convert_images(x: torch.Tensor, output_type: str | None):
-    """(N, C, H, W) in [-1, 1] -> what diffusers' ``output_type`` names: "pil" PIL images (RGB, exactly
-    sample.py's pixels), "np" (N, H, W, 3) / "pt" (N, 3, H, W) floats in [0, 1]; None is "np", as in diffusers.
-    One-channel images are RGB in all three (the grey channel repeated), so the types agree in shape."""
-    if output_type == "pil":
-        from PIL import Image
-
-        return [Image.fromarray(a) for a in to_uint8(x)]
-    x = ((x + 1) / 2).clamp(0, 1)
-    if x.shape[1] == 1:
-        x = x.repeat(1, 3, 1, 1)
-    return x.permute(0, 2, 3, 1).numpy() if output_type in ("np", None) else x
+        plan = plan_call(locals(), num_classes=self.model.cfg.num_classes,
+                         default_scale=self.config.log.sample_cfg_scale, sampler=self.config.sampler,
+                         scheduler=self.scheduler, parse_name=parse_classes)
+        return run_call(plan, self.model, self.transport, progress_bar=self.progress_bar,
+                        vae=None if output_type == "latent" else self.vae, device=self.device,
+                        scheduler=self.scheduler)

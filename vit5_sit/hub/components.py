@@ -27,8 +27,11 @@ when the folder is written (`vit5_sit.hub.layout`). Here they are importable as 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import inspect
-import numbers
+import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,17 +40,13 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerOutput
 
-from vit5_sit.common.classes import ClassSpecError, check_class_id
 from vit5_sit.hub.agreement import check_loaded, check_transformer_files, read_json, transformer_files
 from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
-from vit5_sit.pipeline import Vit5SitPipelineOutput, convert_images, draw_seeds
-from vit5_sit.sampling.generate import sample_images, sampler_settings, steps_per_batch
-from vit5_sit.transport.guidance import check_guidance_settings
+from vit5_sit.sampling.call import plan_call, run_call
+from vit5_sit.sampling.generate import sampler_settings
 from vit5_sit.transport.samplers import SamplerConfig, steps_grid
 from vit5_sit.transport.transport import Transport, TransportConfig
-
-OUTPUT_TYPES = ("pil", "np", "pt", "latent", None)  # diffusers' output types; None = "np", as diffusers reads it
 
 
 def config_init(*config_classes):
@@ -167,20 +166,80 @@ class Vit5SitScheduler(SchedulerMixin, ConfigMixin):
 class Vit5SitDiffusersPipeline(DiffusionPipeline):
     """Class-conditional generation with a vit5-sit model folder, loaded by diffusers alone.
 
-    ``pipe(class_labels, guidance_scale=None, num_inference_steps=None, seed=None, generator=None, ...)``: the
-    arguments of `vit5_sit.pipeline.Vit5SitPipeline` (class ids only: ImageNet names need the package), the same
-    images for the same seeds and settings. ``guidance_scale`` None = the model's (``model_index.json``)."""
+    ``pipe(class_labels, guidance_scale=None, num_inference_steps=None, seed=None, generator=None, ...)``: the call
+    of `vit5_sit.pipeline.Vit5SitPipeline` (`vit5_sit.sampling.call`: the same contract, checks and images; class
+    ids only, since ImageNet names need the package). ``guidance_scale`` None = the model's (``model_index.json``).
+    With a ``guide`` component (a second transformer: a bad version of the model), guidance_scale weighs the model
+    against it (autoguidance) instead of against its unconditional output. ``pipe.scheduler`` may be swapped for a
+    diffusers flow scheduler (``FlowMatchEulerDiscreteScheduler``, ``DPMSolverMultistepScheduler`` in its flow
+    mode), at load (``scheduler=``) too: our scheduler's transport and default steps then serve it.
+    ``save_pretrained`` writes a folder that loads again (its code files and ``model_index.json`` included)."""
 
-    model_cpu_offload_seq = "transformer->vae"
-    _optional_components = ["vae"]
+    model_cpu_offload_seq = "transformer->guide->vae"
+    _optional_components = ["vae", "guide"]
 
     def __init__(self, transformer: ModelMixin, scheduler: SchedulerMixin, vae: ModelMixin | None = None,
-                 guidance_scale: float = 1.0) -> None:
+                 guide: ModelMixin | None = None, guidance_scale: float = 1.0, sampling: dict | None = None) -> None:
         super().__init__()
-        if vae is not None:  # frozen as vit5_sit.data.vae.load_vae leaves it: CPU convolutions of weights that
-            vae.requires_grad_(False)  # need no grad round differently, and the images must be the same
-        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
+        for module in (vae, guide):  # frozen as our loaders leave them: CPU convolutions of weights that need no
+            if module is not None:   # grad round differently, and the images must be the same
+                module.requires_grad_(False)
+        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae, guide=guide)
         self.register_to_config(guidance_scale=guidance_scale)
+        if sampling is not None:  # our scheduler's config, kept when a diffusers scheduler replaced it
+            self.register_to_config(sampling=sampling)
+
+    def __setattr__(self, name, value) -> None:
+        current = self.__dict__.get(name)
+        if name == "scheduler" and _is_own_scheduler(current) and not _is_own_scheduler(value):
+            self.__dict__["_own_scheduler"] = current  # its transport and default steps serve the new one
+        super().__setattr__(name, value)
+
+    def own_scheduler(self):
+        """Our scheduler (`Vit5SitScheduler`): ``pipe.scheduler``, or the one a diffusers scheduler replaced (after
+        loading, or at load with ``scheduler=``: read from the folder's ``scheduler/``, or from the ``sampling``
+        that ``save_pretrained`` recorded beside another scheduler)."""
+        for candidate in (self.scheduler, self.__dict__.get("_own_scheduler")):
+            if _is_own_scheduler(candidate):
+                return candidate
+        config = self.config.get("sampling")
+        folder = self.config.get("_name_or_path")
+        if config is None and folder:
+            try:
+                config = Vit5SitScheduler.load_config(folder, subfolder="scheduler")
+            except (OSError, ValueError):
+                config = None
+            if config is not None and config.get("_class_name") != Vit5SitScheduler.__name__:
+                config = None
+        if config is None:
+            raise ValueError(f"pipe.scheduler is {type(self.scheduler).__name__}, and this pipeline does not know "
+                             "its model's transport and default sampler (Vit5SitScheduler): load the model folder "
+                             "with its own scheduler, then set pipe.scheduler")
+        self.__dict__["_own_scheduler"] = Vit5SitScheduler.from_config(config)
+        return self.__dict__["_own_scheduler"]
+
+    def progress_bar(self, iterable=None, total=None):
+        """diffusers' bar; for adaptive solvers (``total`` None: their number of steps is not known ahead) a bar
+        that counts network evaluations."""
+        if iterable is None and total is None:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=None, unit="eval", **getattr(self, "_progress_bar_config", {}))
+        return super().progress_bar(iterable=iterable, total=total)
+
+    def enable_model_cpu_offload(self, *args, **kwargs) -> None:
+        """diffusers' CPU offload, which needs accelerate: without it, one ImportError naming the install."""
+        require_accelerate("enable_model_cpu_offload")
+        return super().enable_model_cpu_offload(*args, **kwargs)
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """diffusers' save, then what makes the folder load again with ``trust_remote_code=True``: the code files of
+        the pipeline and of our components, named in ``model_index.json``."""
+        if not _is_own_scheduler(self.scheduler):  # keep our scheduler's config beside the diffusers one
+            own = self.own_scheduler()
+            self.register_to_config(sampling={k: v for k, v in own.config.items() if not k.startswith("_")})
+        super().save_pretrained(save_directory, **kwargs)
+        write_own_code(self, save_directory)
 
     @torch.no_grad()
     def __call__(self, class_labels: int | Sequence[int], *,
@@ -188,39 +247,66 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
                  guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the scheduler's
                  sampler: str | None = None,                      # 'ode' | 'sde'; None = the scheduler's
-                 method: str | None = None,                       # 'euler', 'heun', 'dpm++2m', ...
+                 method: str | None = None,                       # 'euler', 'heun', 'dpm++2m', 'dopri5', ...
                  num_images_per_prompt: int = 1,                  # images per class label, one after another
                  seed: int | Sequence[int] | None = None,         # first seed (image i: seed + i), or one each
                  generator: torch.Generator | Sequence[torch.Generator] | None = None,  # draws the seeds
                  output_type: str | None = "pil",                 # 'pil' | 'np' | 'pt' | 'latent' (None = 'np')
                  batch_size: int = 64,                            # images per forward; does not change them
+                 max_nfe: int | None = None,                      # network evaluations a batch may take
+                 on_step=None,                                    # (done, total) after each network evaluation
                  return_dict: bool = True,
-                 ) -> Vit5SitPipelineOutput | tuple:
+                 ):
         """``num_images_per_prompt`` images per class label; ``return_dict=False``: (images, labels, seeds)."""
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type={output_type!r}: choose one of pil, np, pt, latent")
-        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, numbers.Integral) \
-                or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt={num_images_per_prompt!r}: must be a whole number >= 1")
-        model = self.transformer
-        labels = [class_labels] if isinstance(class_labels, int | torch.Tensor) else list(class_labels)
-        if not labels or any(isinstance(c, bool | str) for c in labels):
-            raise ClassSpecError(f"class_labels={class_labels!r}: give class ids (ImageNet names need vit5-sit)")
-        labels = [check_class_id(int(c), model.cfg.num_classes) for c in labels for _ in range(num_images_per_prompt)]
-        seeds = draw_seeds(len(labels), seed, generator)
-        scale = self.config.guidance_scale if guidance_scale is None else float(guidance_scale)
-        check_guidance_settings(scale, guidance_interval, "guidance_scale", "guidance_interval")
-        settings = self.scheduler.sampler_config(num_inference_steps, sampler, method)
-        evals = steps_per_batch(settings)  # None: adaptive
-        steps = settings.steps + (settings.mode == "sde" and settings.last_step != "none")
-        batches = -(-len(labels) // batch_size)
-        with self.progress_bar(total=steps * batches if evals else None) as bar:
-            x = sample_images(model, self.scheduler.transport, settings, labels, seeds, cfg_scale=scale,
-                              guidance_interval=tuple(guidance_interval), batch_size=batch_size,
-                              vae=None if output_type == "latent" else self.vae, as_float=True,
-                              device=self._execution_device,
-                              on_step=lambda: bar.update(steps / evals if evals else 1))
+        arguments = dict(locals())
+        own = self.own_scheduler()
+        other = None if self.scheduler is own else self.scheduler  # a diffusers flow scheduler
+        plan = plan_call(arguments, num_classes=self.transformer.cfg.num_classes,
+                         default_scale=self.config.guidance_scale, sampler=own.sampler, scheduler=other)
+        out = run_call(plan, self.transformer, own.transport, progress_bar=self.progress_bar, vae=self.vae,
+                       device=self._execution_device, scheduler=other, guide=self.guide)
         self.maybe_free_model_hooks()
-        images = x if output_type == "latent" else convert_images(x, output_type)
-        out = Vit5SitPipelineOutput(images, labels, seeds)
-        return out if return_dict else out.to_tuple()
+        return out
+
+
+def _is_own_scheduler(scheduler) -> bool:
+    """Our scheduler (`Vit5SitScheduler`, from this package or a folder's copy): it holds a transport and a sampler."""
+    return hasattr(scheduler, "transport") and hasattr(scheduler, "sampler_config")
+
+
+def require_accelerate(what: str) -> None:
+    """One ImportError naming the install when accelerate (CPU offload's hooks) is missing."""
+    if importlib.util.find_spec("accelerate") is None:
+        raise ImportError(f"{what} needs accelerate, which is not installed: pip install accelerate (or place the "
+                          "pipeline with pipe.to(device), which needs nothing more)")
+
+
+def code_file(obj) -> tuple[str, str] | None:
+    """(file stem, source) of the module that defines ``obj``'s class, if it is vit5-sit code (a model folder's
+    module, or in the package the module a folder gets: `vit5_sit.hub.layout.folder_code`); None otherwise."""
+    cls = type(obj)
+    if cls.__module__.split(".")[0] == "vit5_sit":  # the package: the code a folder gets for this class
+        return importlib.import_module("vit5_sit.hub.layout").folder_code(cls.__name__)
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    if path is None or not path.endswith(".py"):
+        return None
+    text = Path(path).read_text(encoding="utf-8")
+    return (Path(path).stem, text) if text.startswith("# ") and "written by vit5-sit" in text.splitlines()[0] \
+        else None
+
+
+def write_own_code(pipe, save_directory) -> None:
+    """The code files of a saved pipeline and of its vit5-sit components (a folder beside each), and
+    ``model_index.json`` naming them as diffusers' remote-code loading reads them: ``[file stem, class]``."""
+    out = Path(save_directory)
+    index = json.loads((out / "model_index.json").read_text(encoding="utf-8"))
+    for name, obj in (("", pipe), *((k, v) for k, v in pipe.components.items() if v is not None)):
+        code = code_file(obj)
+        if code is None:
+            continue
+        stem, text = code
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / f"{stem}.py").write_text(text, encoding="utf-8")
+        index["_class_name" if not name else name] = [stem, type(obj).__name__]
+    index.pop("_name_or_path", None)  # a local path is no part of a folder
+    (out / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")

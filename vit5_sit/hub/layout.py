@@ -14,6 +14,11 @@
 The three ``.py`` files are assembled from the package's source when the folder is written
 (`vit5_sit.hub.remote_code`, from the classes of `vit5_sit.hub.components`), so they cannot drift from it; with
 them ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` works where vit5-sit is not installed.
+Their names end in a hash of their text (``pipeline_vit5_sit_3f2a9c01d4.py``): diffusers imports a local folder's
+code as ``diffusers_modules.local.<file stem>``, one module per name for the whole process, so two folders with
+other code must not share a name (the names above are those of folders written before; they still load).
+A model trained beside a guide (autoguidance, `vit5_sit.transport.AutoGuidance`) has a ``guide/`` folder laid out
+as ``transformer/``; ``model_index.json`` names it, ``[null, null]`` when there is none.
 """
 
 from __future__ import annotations
@@ -26,13 +31,16 @@ from vit5_sit.config import ExperimentConfig
 
 MODEL_INDEX = "model_index.json"
 PIPELINE_MODULE = "pipeline_vit5_sit"
-COMPONENTS = {  # folder -> (module file stem, class in vit5_sit.hub.components)
+COMPONENTS = {  # folder -> (module file stem before its hash, class in vit5_sit.hub.components)
     "transformer": ("transformer_vit5_sit", "Vit5SitTransformer2DModel"),
     "scheduler": ("scheduling_vit5_sit", "Vit5SitScheduler"),
 }
 PIPELINE_CLASS = "Vit5SitDiffusersPipeline"
+CODE_STEMS = {PIPELINE_CLASS: PIPELINE_MODULE, **{cls: stem for stem, cls in COMPONENTS.values()}}
 CONFIG_FILES = {"transformer": "config.json", "scheduler": "scheduler_config.json"}
 VAE_FOLDER = "vae"
+GUIDE_FOLDER = "guide"  # autoguidance's guide: a second transformer, laid out as transformer/
+HASH_CHARS = 10         # of the code's sha256 in its file name: distinct names for distinct code
 
 
 def code_header(what: str) -> str:
@@ -44,21 +52,57 @@ def code_header(what: str) -> str:
             "# trust_remote_code=True). Not edited by hand: export the folder again to update it.")
 
 
-def write_code(out: Path) -> None:
-    """The pipeline's and the components' modules, assembled from the package's source."""
+def folder_code(class_name: str) -> tuple[str, str]:
+    """(file stem, text) of the module a folder carries for ``class_name`` (`CODE_STEMS`), assembled from the
+    package's source; the stem ends in a hash of the text. The pipeline's module also defines the components'
+    classes and stands in for their modules (`COMPONENT_ALIASES`)."""
+    import hashlib
+
     from vit5_sit.hub.remote_code import assemble
 
     source = "vit5_sit.hub.components"
-    atomic_write_text(out / f"{PIPELINE_MODULE}.py",
-                      assemble([(source, PIPELINE_CLASS)], code_header(f"{PIPELINE_CLASS}, the pipeline")))
-    for folder, (module, cls) in COMPONENTS.items():
-        atomic_write_text(out / folder / f"{module}.py", assemble([(source, cls)], code_header(f"{cls}")))
+    if class_name == PIPELINE_CLASS:
+        stems = [folder_code(cls)[0] for _, cls in COMPONENTS.values()]
+        roots = [(source, PIPELINE_CLASS), *((source, cls) for _, cls in COMPONENTS.values())]
+        text = assemble(roots, code_header(f"{PIPELINE_CLASS}, the pipeline")) + COMPONENT_ALIASES.format(stems)
+    else:
+        text = assemble([(source, class_name)], code_header(class_name))
+    return f"{CODE_STEMS[class_name]}_{hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]}", text
 
 
-def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None) -> Path:
+# The pipeline module's last lines: diffusers checks a component passed to from_pretrained (``scheduler=...``)
+# against the module that model_index.json names for it, looked up in sys.modules; this module defines the same
+# classes, so it stands in for those modules.
+COMPONENT_ALIASES = """
+
+# ---- the components' modules, for diffusers' from_pretrained(..., scheduler=...) -----------------------------
+COMPONENT_MODULES = {!r}
+for _name in COMPONENT_MODULES:
+    __import__("sys").modules.setdefault(_name, __import__("sys").modules[__name__])
+"""
+
+
+def write_code(out: Path, guide: bool = False) -> dict[str, list[str]]:
+    """The pipeline's and the components' modules (and the guide's, the transformer's code), assembled from the
+    package's source; returns their ``model_index.json`` entries (``[file stem, class]``, by folder; "" is the
+    pipeline's)."""
+    entries = {}
+    folders = {"": PIPELINE_CLASS, **{folder: cls for folder, (_, cls) in COMPONENTS.items()}}
+    if guide:
+        folders[GUIDE_FOLDER] = COMPONENTS["transformer"][1]
+    for folder, cls in folders.items():
+        stem, text = folder_code(cls)
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / folder / f"{stem}.py", text)
+        entries[folder] = [stem, cls]
+    return entries
+
+
+def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None, guide_config=None) -> Path:
     """Everything of the layout but the weights (`vit5_sit.hub.api.write_model_folder` writes those):
     model_index.json, the components' configs, the code, and for a latent model its VAE (``vae``: a loaded
-    ``AutoencoderKL``, a name or folder; None = the config's data.vae)."""
+    ``AutoencoderKL``, a name or folder; None = the config's data.vae); with ``guide_config`` (the guide's
+    `ModelConfig`) the guide's config and code in ``guide/``."""
     import dataclasses
 
     import diffusers
@@ -66,17 +110,21 @@ def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None) -> 
     out = Path(out)
     version = diffusers.__version__
     latent = cfg.data.kind == "latents"
-    index = {"_class_name": [PIPELINE_MODULE, PIPELINE_CLASS], "_diffusers_version": version,
-             "guidance_scale": float(cfg.log.sample_cfg_scale),
-             **{folder: list(spec) for folder, spec in COMPONENTS.items()},
-             VAE_FOLDER: ["diffusers", "AutoencoderKL"] if latent else [None, None]}
     configs = {"transformer": dataclasses.asdict(cfg.model_config()),
                "scheduler": {**dataclasses.asdict(cfg.transport), **dataclasses.asdict(cfg.sampler)}}
+    if guide_config is not None:
+        configs[GUIDE_FOLDER] = dataclasses.asdict(guide_config)
     for folder, values in configs.items():
-        config = {"_class_name": COMPONENTS[folder][1], "_diffusers_version": version, **values}
+        kind = "transformer" if folder == GUIDE_FOLDER else folder
+        config = {"_class_name": COMPONENTS[kind][1], "_diffusers_version": version, **values}
         (out / folder).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / folder / CONFIG_FILES[folder], json.dumps(config, indent=2) + "\n")
-    write_code(out)
+        atomic_write_text(out / folder / CONFIG_FILES[kind], json.dumps(config, indent=2) + "\n")
+    code = write_code(out, guide=guide_config is not None)
+    index = {"_class_name": code[""], "_diffusers_version": version,
+             "guidance_scale": float(cfg.log.sample_cfg_scale),
+             **{folder: code[folder] for folder in COMPONENTS},
+             VAE_FOLDER: ["diffusers", "AutoencoderKL"] if latent else [None, None],
+             GUIDE_FOLDER: code.get(GUIDE_FOLDER, [None, None])}
     if latent:
         from vit5_sit.data.vae import load_vae
 

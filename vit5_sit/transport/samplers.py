@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torchdiffeq import odeint
 
-from vit5_sit.common.contract import MAX_STEPS
+from vit5_sit.common.contract import MAX_NFE, MAX_STEPS
 from vit5_sit.common.utils import check_choice
 
 from .meanflow import meanflow_sample
@@ -209,10 +209,18 @@ def ode_multistep(model_fn, noise, y, transport, cfg, rng=None, t_steps=None):
 
 def ode_adaptive(model_fn, noise, y, transport, cfg, rng=None):
     """An adaptive torchdiffeq solver (cfg.method) with cfg.atol / cfg.rtol. The step sizes are shared
-    by the whole batch, so a sample may differ, within the tolerance, with its batch-mates."""
+    by the whole batch, so a sample may differ, within the tolerance, with its batch-mates. It is stopped with a
+    SolverError past MAX_NFE network evaluations (a tight tolerance with a large guidance never ends)."""
     t0, t1 = transport.interval()
+    calls = [0]
 
     def f(t, x):
+        calls[0] += 1
+        if calls[0] > MAX_NFE:
+            raise SolverError(f"{cfg.method} took more than {MAX_NFE:,} network evaluations (MAX_NFE) at atol="
+                              f"{cfg.atol:g} rtol={cfg.rtol:g} and was stopped: loosen the tolerance (sample.py "
+                              "--tol 1e-5, sampler.atol/rtol), lower the guidance scale, or use a fixed-step method "
+                              "(--method heun --steps 50)")
         # Clamped: torchdiffeq's first-step heuristic may probe outside [t0, t1] (VP is NaN past t = 1).
         t = t.clamp(t0, t1).to(x.dtype).expand(x.shape[0])
         return transport.velocity(model_fn(x, t, y), x, t)

@@ -135,6 +135,53 @@ def test_model_card_names_the_backbone_family_of_each_preset(preset, family):
     assert f"A class-conditional {family}" in card and f"`{preset}`" in card
 
 
+MEANFLOW = [*TINY[:-2], "train.objective=meanflow"]  # the tiny model, one-step: its sampler is MeanFlow's 1 step
+ONE_STEP_ROWS = [{"settings": f"n1000_seed0_meanflow_euler_{n}steps_cfg1", "step": 3000, "fid": fid,
+                  "num_samples": 1000, "digit_accuracy": acc}
+                 for n, fid, acc in ((2, 51.552, 0.997), (1, 111.325, 0.994))]
+
+
+def _body(card: str) -> str:
+    return card.split("\n---\n", 1)[1]  # after the metadata
+
+
+def test_one_step_card_says_meanflow_its_steps_trained_guidance_and_quality():
+    cfg = load_config(None, [*MEANFLOW, "meanflow.guidance_scale=3", "meanflow.guidance_interval=[0.25,1.0]",
+                             "meanflow.guidance_mix=0.5"])
+    card = hub.model_card(cfg, 1000, ONE_STEP_ROWS)
+    body = _body(card)
+    assert "A class-conditional one-step" in body and "This is a **MeanFlow** model" in body
+    assert "| sampler defaults | meanflow euler, 1 step, guidance scale 1 |" in body
+    assert "samples in **1 step** by default" in body
+    assert "| trained guidance | trained in: scale 3 for t in [0.25, 1], mixing 0.5" in body
+    assert "**Guidance is trained in**: classifier-free guidance of scale 3, for t in [0.25, 1]" in body
+    assert "Do not give guidance again when sampling" in body
+    assert "FID 111.33 in 1 step (digit accuracy 0.994), FID 51.55 in 2 steps (digit accuracy 0.997)" in body
+    assert "guidance_scale=" not in body.split("## Use")[1]  # the examples guide no second time
+    assert "pipe(class_labels=[0, 1, 2], seed=0).images  # 1 step, guidance trained in" in body
+    assert "- meanflow" in card.split("\n---\n", 1)[0]
+
+
+def test_one_step_card_without_trained_guidance_and_a_flow_card_say_so():
+    one = _body(hub.model_card(load_config(None, [*MEANFLOW, "sampler.steps=2"]), 1000))
+    assert "samples in **2 steps** by default" in one and "No guidance is trained in" in one
+    assert "Guidance is trained in" not in one and "| trained guidance | none trained in" in one
+    flow = _body(hub.model_card(load_config(None, TINY), 1000, ONE_STEP_ROWS[:1]))
+    assert "**MeanFlow**" not in flow and "trained guidance" not in flow and "one-step" not in flow
+    assert "| sampler defaults | ode euler, 3 steps, guidance scale 2.5 |" in flow
+    assert "pipe(class_labels=[0, 1, 2], guidance_scale=2.5, seed=0).images" in flow
+
+
+def test_bundled_one_step_demo_card_says_what_it_is():
+    """The card the bundled MeanFlow demo gets when written again (its config and metrics.json)."""
+    from vit5_sit.hub.files import BUNDLED_MODELS
+
+    body = _body(hub.PretrainedModel.from_pretrained(BUNDLED_MODELS["demo-1step"]).model_card())
+    assert "This is a **MeanFlow** model" in body and "samples in **1 step** by default" in body
+    assert "classifier-free guidance of scale 3 was built into its training target" in body
+    assert "FID 111.33 in 1 step" in body and "FID 51.55 in 2 steps" in body
+
+
 def _run_with_metrics(tmp_path) -> Path:
     run = tmp_path / "run"
     run.mkdir()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,7 +206,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
             f"pos. embedding {m.pos_embed}", f"RoPE {'on' if m.rope else 'off'}", f"{m.num_registers} registers",
             f"LayerScale {m.layer_scale_init if m.layer_scale_init is not None else 'off'}", f"MLP {m.mlp}"]
     s = cfg.sampler
-    steps = f", {s.steps} steps" if s.method in FIXED_STEP_METHODS else ""
+    steps = f", {s.steps} step{'s' if s.steps != 1 else ''}" if s.method in FIXED_STEP_METHODS else ""
+    one_step = cfg.train.objective == "meanflow"
     rows = [
         ("preset", f"`{cfg.model.preset}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in changed.items())
                                               if changed else "")),
@@ -221,11 +223,14 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         ("dataset", f"{dataset} at {cfg.data.resolution}px"),
         ("transport", f"{cfg.transport.path} path, {cfg.transport.prediction} prediction"),
         ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
+        *(meanflow_rows(cfg) if one_step else []),
     ]
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
     family = PRESET_FAMILIES.get(cfg.model.preset.split("-")[0], "DiT-style")
     lines = [f"# {cfg.name}", "",
-             f"A class-conditional {family} denoiser (SiT interpolant flow matching) "
+             (f"A class-conditional one-step {family} denoiser (MeanFlow: average velocities on SiT's linear "
+              "interpolant) " if one_step else
+              f"A class-conditional {family} denoiser (SiT interpolant flow matching) ")
              + ("trained with vit5-sit. " if converted_from is None else
                 f"from the official SiT checkpoint `{Path(converted_from).name}`, converted by vit5-sit. ")
              +
@@ -234,6 +239,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
              f"`scheduler/` (the default sampler){', `vae/`' if latent else ''} and the code of each as `.py` "
              "files, generated from vit5-sit's source when the folder was written.", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+    if one_step:
+        lines += meanflow_section(cfg, metrics)
     if metrics:
         columns = metric_columns(metrics)
         names = [k.upper() if len(k) <= 4 else k.replace("_", " ") for k in columns]
@@ -277,6 +284,9 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
         lines += ["Usage below: replace `OWNER/NAME` with the Hub repo id these files were uploaded to, or with "
                   "the path of this folder.", ""]
     home = package_home()
+    guidance = "" if one_step and cfg.log.sample_cfg_scale == 1 else f", guidance_scale={cfg.log.sample_cfg_scale:g}"
+    comment = (f"  # {s.steps} step{'s' if s.steps != 1 else ''}" + (", guidance trained in" if cfg.meanflow.guided
+                                                                    else "") if one_step else "")
     install = (f"`pip install git+{home}`, or `pip install -e .` in a clone of {home}" if home else
                "vit5-sit's repository; this card names none, and the folder carries the code diffusers needs")
     lines += ["## Use", "",
@@ -284,12 +294,12 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
               "runs; the same images as vit5-sit's pipeline for the same seeds):", "", "```python",
               "from diffusers import DiffusionPipeline", "",
               f'pipe = DiffusionPipeline.from_pretrained("{source}", trust_remote_code=True)',
-              f"images = pipe(class_labels=[0, 1, 2], guidance_scale={cfg.log.sample_cfg_scale:g}, seed=0).images",
+              f"images = pipe(class_labels=[0, 1, 2]{guidance}, seed=0).images{comment}",
               "```", "", f"With vit5-sit ({install}):", "", "```bash",
               f"vit5-sit-sample --ckpt {source} --out samples.png      # or: python sample.py --ckpt ...",
               "```", "", "```python", "from vit5_sit.pipeline import Vit5SitPipeline", "",
               f'pipe = Vit5SitPipeline.from_pretrained("{source}")',
-              f"images = pipe(class_labels=[0, 1, 2], guidance_scale={cfg.log.sample_cfg_scale:g}, seed=0).images",
+              f"images = pipe(class_labels=[0, 1, 2]{guidance}, seed=0).images{comment}",
               "```", ""]
     from vit5_sit import __version__
 
@@ -302,10 +312,64 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
     hub_dataset = HUB_DATASETS.get(cfg.data.kind, (None, dataset))
     eval_results = _eval_results(metrics, hub_dataset)
     data = ModelCardData(license=LICENSE, library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG,
-                         tags=["diffusion", "flow-matching", "sit", "vit-5", "class-conditional-image-generation"],
+                         tags=["diffusion", "flow-matching", "sit", "vit-5", "class-conditional-image-generation",
+                               *(["meanflow", "one-step-generation"] if one_step else [])],
                          datasets=[hub_dataset[0]] if hub_dataset[0] else None,
                          model_name=cfg.name if eval_results else None, eval_results=eval_results or None)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+STEPS_IN_SETTINGS = re.compile(r"_(\d+)steps_")  # a metrics row's settings (CompareSettings.tag): ..._2steps_cfg1
+
+
+def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The card's rows of a MeanFlow model: its objective and the guidance trained into it."""
+    mf = cfg.meanflow
+    if mf.guided:
+        low, high = mf.guidance_interval
+        where = "" if (low, high) == (0.0, 1.0) else f" for t in [{low:g}, {high:g}]"
+        mix = f", mixing {mf.guidance_mix:g}" if mf.guidance_mix else ""
+        guidance = (f"trained in: scale {mf.guidance_scale:g}{where}{mix} (`meanflow.guidance_scale`); every step is "
+                    "already guided, so sample with guidance scale 1")
+    else:
+        guidance = "none trained in (`meanflow.guidance_scale` 1)"
+    return [("objective", "MeanFlow (Geng et al., 2025): the network predicts the average velocity over an "
+                          "interval of time, so one step can cross the whole path"),
+            ("trained guidance", guidance)]
+
+
+def meanflow_section(cfg: ExperimentConfig, metrics: Sequence[dict]) -> list[str]:
+    """The card's section on a MeanFlow model: what it is, its steps, its trained-in guidance, its measured
+    quality by number of steps (the metrics rows whose settings name their steps)."""
+    mf, steps = cfg.meanflow, cfg.sampler.steps
+    text = (f"This is a **MeanFlow** model (Geng et al., 2025, \"Mean Flows for One-step Generative Modeling\"): "
+            "instead of the instantaneous velocity of flow matching it predicts the average velocity u(z, r, t) "
+            "between two times, so a single network evaluation carries noise to an image. It samples in "
+            f"**{steps} step{'s' if steps != 1 else ''}** by default (`sampler.steps`; `num_inference_steps=2` or "
+            "`--steps 2` takes two, one network evaluation each).")
+    if mf.guided:
+        low, high = mf.guidance_interval
+        where = "" if (low, high) == (0.0, 1.0) else f", for t in [{low:g}, {high:g}] (0 = noise, 1 = data)"
+        mix = f", mixing {mf.guidance_mix:g}" if mf.guidance_mix else ""
+        text += (f" **Guidance is trained in**: classifier-free guidance of scale {mf.guidance_scale:g}{where}{mix} "
+                 "was built into its training target (`meanflow.guidance_scale`, `meanflow.guidance_interval`, "
+                 "`meanflow.guidance_mix` in config.yaml), so each step is already guided. Do not give guidance "
+                 "again when sampling: leave `guidance_scale` (`--cfg-scale`, the page's slider) at 1; guiding a "
+                 "second time over-guides.")
+    else:
+        text += (" No guidance is trained in (`meanflow.guidance_scale` 1): at guidance scale 1 its samples are "
+                 "unguided.")
+    measured = {}
+    for row in metrics:
+        found = STEPS_IN_SETTINGS.search(str(row.get("settings", "")))
+        if found and _is_number(row.get("fid")):
+            measured.setdefault(int(found.group(1)), row)
+    if measured:
+        parts = [f"FID {_num(row['fid'])} in {n} step{'s' if n != 1 else ''}"
+                 + (f" (digit accuracy {_num(row['digit_accuracy'])})" if _is_number(row.get("digit_accuracy"))
+                    else "") for n, row in sorted(measured.items())]
+        text += f" Measured for these weights (the table below): {', '.join(parts)}."
+    return ["## One-step generation (MeanFlow)", "", text, ""]
 
 
 def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: ExperimentConfig, *,
@@ -315,6 +379,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
                        repo_id: str | None = None,         # named in the card's usage examples
                        vae=None,                           # latent models: the VAE to store; None = data.vae's
                        converted_from: str | None = None,  # the official SiT file the weights came from
+                       guide: Denoiser | None = None,      # autoguidance's guide: written as guide/ (None: none)
                        ) -> Path:
     """Write a model folder: config.yaml, the weights, README.md (the card), metrics.json (if any) and diffusers'
     layout (`vit5_sit.hub.layout`: model_index.json, the components' configs and code, a latent model's VAE).
@@ -345,7 +410,10 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
     atomic_write_bytes(out / WEIGHTS_FILE, save(tensors, metadata=weights_metadata(cfg.model_config())))
     (out / LEGACY_WEIGHTS_FILE).unlink(missing_ok=True)  # an older export's weights must not be read instead
     save_config(cfg, out / CONFIG_FILE)
-    write_diffusers_layout(out, cfg, vae)
+    from vit5_sit.hub.guide import write_guide
+
+    write_guide(out, guide, dtype)
+    write_diffusers_layout(out, cfg, vae, guide_config=None if guide is None else guide.cfg)
     publish_json_files(out)  # diffusers' configs (vae/config.json's _name_or_path) name where things were loaded
     num_params = sum(v.numel() for v in state.values())
     if metrics:
@@ -460,7 +528,7 @@ class PretrainedModel:
         return model_card(self.config, self.num_parameters(), self.metrics, repo_id, has_samples=bool(self.samples))
 
     def save_pretrained(self, save_directory: str | Path, *, dtype: torch.dtype | None = None,
-                        repo_id: str | None = None, vae=None) -> Path:
+                        repo_id: str | None = None, vae=None, guide: Denoiser | None = None) -> Path:
         """Write config.yaml, the weights (as they are, or cast to ``dtype``), README.md, the metrics.json and
         samples.png it was loaded with, and diffusers' layout (a latent model's VAE: ``vae``, a loaded
         AutoencoderKL, a name or folder; None = the folder's own vae/ if it was loaded from one, else data.vae)."""
@@ -469,7 +537,7 @@ class PretrainedModel:
         if vae is None and self.folder is not None and (self.folder / "vae" / "config.json").is_file():
             vae = self.folder / "vae"
         return write_model_folder(save_directory, self.model.state_dict(), self.config, metrics=self.metrics,
-                                  dtype=dtype, repo_id=repo_id, vae=vae)
+                                  dtype=dtype, repo_id=repo_id, vae=vae, guide=guide)
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     revision: str | None = None, commit_message: str | None = None,

@@ -286,7 +286,8 @@ def test_page_errors_name_the_pages_controls_not_cli_flags(model_dir, tmp_path, 
     message = str(e.value)
     assert control in message
     assert not re.search(r"(?<![\w-])--[a-z]|guidance_scale|guidance_interval|num_inference_steps|class_labels|"
-                         r"SamplerConfig|sampler\.\w+=|(?<![\w.])(seed|sampler|method|steps|cfg_scale)=", message), message
+                         r"SamplerConfig|sampler\.\w+=|(?<![\w.])(seed|sampler|method|steps|cfg_scale)=",
+                         message), message
 
 
 @pytest.mark.parametrize("message, shown", [
@@ -296,6 +297,8 @@ def test_page_errors_name_the_pages_controls_not_cli_flags(model_dir, tmp_path, 
     ("--steps 0 (sampler.steps=0): must be at least 1", "steps 0: must be at least 1"),
     ("class_labels=[1.5]: whole class ids", "classes [1.5]: whole class ids"),
     ("the --guide-channels-like word cfg_scale_x stays", "the --guide-channels-like word cfg_scale_x stays"),
+    ("sample it unguided (--cfg-scale 1, guidance_scale=1, no --guide)", "sample it unguided (guidance scale 1, no "
+                                                                          "--guide)"),  # the two spellings: one
 ])
 def test_in_page_words_renames_flags_arguments_and_keys(message, shown):
     assert demo_app.in_page_words(message) == shown
@@ -324,6 +327,9 @@ def test_help_and_docs_state_the_evaluation_cap_against_the_demos_grid():
     page = " ".join((ROOT / "docs" / "demo.md").read_text().split())
     assert (f"(default {demo_app.MAX_EVALS:,}: {ratio} times the demo's default grid, {images} x {steps} x {guided} "
             f"= {demo_app.DEMO_GRID_EVALS:,}") in page
+    assert (f"draws at most {demo_app.MAX_IMAGES} images ({demo_app.MAX_PER_CLASS} per class, {demo_app.MAX_STEPS} "
+            "steps) per grid") in page
+    assert f"`--max-queue` calls (default {demo_app.MAX_QUEUE};" in page
 
 
 def test_model_box_serves_only_the_allowed_models(model_dir, tmp_path, monkeypatch):

@@ -83,6 +83,8 @@ _SAMPLER_CONFIG = re.compile(r"^sampler / method / num_inference_steps: SamplerC
                              r"(\w+)='([^']*)'")  # the pipeline's check of the three, in dataclass terms
 _SAMPLER_FIELDS = {"mode": "sampler", "method": "method", "steps": "steps"}
 _ASSIGNED = re.compile(r"(?<![\w.-])(seed|sampler|method|steps)=")  # 'seed=5: ...' as the page writes it: 'seed 5'
+_REPEATED = re.compile(r"\b((?:" + "|".join(map(re.escape, PAGE_CONTROLS)) + r")[^,;()]*)(?:, \1\b)+")  # 'the flag,
+# the argument' alternatives, which the page names alike
 
 
 def in_page_words(message: str) -> str:
@@ -91,7 +93,8 @@ def in_page_words(message: str) -> str:
     message = _SAMPLER_CONFIG.sub(lambda m: f"{_SAMPLER_FIELDS.get(m.group(2), m.group(2))} {m.group(3)}"
                                   + (f" (sampler {m.group(1)})" if m.group(1) else ""), message)
     message = _ASSIGNED.sub(r"\1 ", _CONFIG_ALSO.sub("", message))
-    return _NAMED.sub(lambda m: _CONTROL[m.group(1)] + (" " if m.group(2) else ""), message)
+    message = _NAMED.sub(lambda m: _CONTROL[m.group(1)] + (" " if m.group(2) else ""), message)
+    return _REPEATED.sub(r"\1", message)
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -16,6 +16,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
 FENCE = re.compile(r"^\s*(```|~~~)")
 ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s+")  # a list item's first line
 NOT_PROSE = re.compile(r"^\s*(#|<|\|)")  # headings, HTML, table rows
+RULE = re.compile(r"^\s*([-*_=])(\s*\1){2,}\s*$")  # a thematic break (---, ***), or a setext heading's underline
 IMAGE = re.compile(r"^\s*(!\[[^\]]*\]\([^)]*\)\s*)+$")  # a line of images and nothing else
 CLOSERS = re.compile(r"[)\]*_`\"'’”]+$")  # what may follow a sentence's last mark: ")", "**", "`", quotes
 SENTENCE_END = re.compile(r"[.!?:;]$")  # ":" and ";" end lead-ins to a code block, a table or a list
@@ -74,8 +75,8 @@ def cut_paragraphs(text: str) -> list[str]:
         if block[0].lstrip().startswith("|"):
             cut += [f"a table row stops short: {row!r}" for row in block if not row.rstrip().endswith("|")]
             continue
-        if NOT_PROSE.match(block[0]):
-            continue
+        if NOT_PROSE.match(block[0]) or RULE.match(block[-1]):
+            continue  # a heading (also underlined), HTML, a horizontal rule
         caption = len(block) == 1 and block[0].startswith("**") and i + 1 < len(blocks) \
             and blocks[i + 1][0].lstrip().startswith("|")
         if caption:
@@ -113,6 +114,11 @@ python x.py --cut-here
 1. Numbered, done!
 
 > A quote that ends.
+
+An underlined heading
+---------------------
+
+***
 
 **`transport`**
 

@@ -8,6 +8,7 @@ it has its contract entry.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -15,9 +16,11 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+import stated_bounds as stated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_contract import ALL, ENTRY_POINTS
@@ -32,34 +35,48 @@ NOT_NUMBERS = st.sampled_from(["", " ", "abc", "nan", "NaN", "inf", "-inf", "1e4
                                "1,5", "None", "ü", "1e", "--"])
 
 
-def outside(entry: contract.Arg) -> st.SearchStrategy[str]:
-    """Text for a flag of kind int / float / list that its entry refuses."""
-    r = entry.range
+def outside(bound: stated.Bound, kind: str) -> st.SearchStrategy[str]:
+    """Text for a flag of kind int / float / list that its stated bound (tests/stated_bounds.py, not the contract
+    the flag is checked by) refuses."""
     options = [NOT_NUMBERS]
-    if r is not None and r.lo is not None:
-        if entry.kind == "int" or (entry.kind == "list" and isinstance(r.lo, int)):
-            options.append(st.integers(min_value=-10**40, max_value=math.ceil(r.lo) - 1).map(str))
+    whole = kind == "int" or (kind == "list" and bound.integer)
+    if bound.lo is not None:
+        if whole:
+            options.append(st.integers(min_value=-10**40, max_value=math.ceil(bound.lo) - 1 + bound.lo_open).map(str))
         else:
-            options.append(st.floats(max_value=r.lo, exclude_max=not r.lo_open, allow_nan=False,
+            options.append(st.floats(max_value=bound.lo, exclude_max=not bound.lo_open, allow_nan=False,
                                      allow_infinity=False).map(repr))
-    if r is not None and r.hi is not None:
-        if entry.kind == "int" or (entry.kind == "list" and isinstance(r.hi, int)):
-            options.append(st.integers(min_value=math.floor(r.hi) + 1, max_value=10**40).map(str))
+    if bound.hi is not None:
+        if whole:
+            options.append(st.integers(min_value=math.floor(bound.hi) + 1 - bound.hi_open, max_value=10**40).map(str))
         else:
-            options.append(st.floats(min_value=r.hi, exclude_min=not r.hi_open, allow_nan=False,
+            options.append(st.floats(min_value=bound.hi, exclude_min=not bound.hi_open, allow_nan=False,
                                      allow_infinity=False).map(repr))
-    if entry.kind == "int":  # not a whole number
+    if kind == "int":  # not a whole number
         options.append(st.floats(min_value=-1e6, max_value=1e6).filter(lambda x: not x.is_integer()).map(repr))
     strategy = st.one_of(*options)
-    if entry.kind == "list":  # one bad item among good ones
-        good = "1" if r is None or r.lo is None or r.lo <= 1 <= (r.hi if r.hi is not None else 2) else str(r.lo)
+    if kind == "list":  # one bad item among good ones
+        good = repr(stated.edges(bound)[1][0])
         strategy = strategy.filter(lambda s: "," not in s and s.strip()).map(lambda s: f"{good},{s}")
     return strategy
 
 
+def _numeric(parser, action) -> bool:
+    entry = parser.contract(action)
+    return entry is not None and (entry.kind in ("int", "float") or entry.kind == "list" and entry.range is not None)
+
+
+# Every flag with a number in it: the contract's numeric flags and every flag the stated bounds name (a flag whose
+# range was deleted from the contract stays here, and its stated bound is drawn from).
 NUMERIC = [(name, parser, action) for name, parser, action in ALL
-           if (entry := parser.contract(action)) is not None and entry.kind in ("int", "float")
-           or entry is not None and entry.kind == "list" and entry.range is not None]
+           if _numeric(parser, action) or stated.lookup(stated.FLAGS, parser.command, contract._name(action))]
+
+
+def _bound(parser, action) -> stated.Bound:
+    line = stated.lookup(stated.FLAGS, parser.command, contract._name(action))
+    assert line is not None, (f"{parser.command} {contract._name(action)}: a numeric flag without a stated bound; add "
+                              "its line to tests/stated_bounds.py FLAGS")
+    return stated.parse(line)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -68,10 +85,17 @@ def tree(root: Path) -> dict[str, bytes]:
             for p in sorted(root.rglob("*"))}
 
 
+def _never_serve(*args, **kwargs):
+    raise AssertionError("the page was built: a drawn value was accepted, and the server would start (and hang)")
+
+
 def run_main(name: str, argv: list[str]) -> tuple[int, str]:
+    """``main(argv)`` of command ``name``: (exit code, stderr). The page (app) is never served: a value that
+    passes its checks fails the test instead of starting a server that never returns."""
     err = io.StringIO()
     main = importlib.import_module(ENTRY_POINTS[name]).main
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    serving = mock.patch("vit5_sit.demo.app.build_app", _never_serve) if name == "app" else contextlib.nullcontext()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), serving:
         try:
             code = main(argv)
         except SystemExit as e:
@@ -94,13 +118,40 @@ def assert_one_line_usage_error(code, err: str, *names: str) -> None:
 @given(data=st.data())
 def test_a_number_outside_a_flags_contract_is_one_line_and_exit_2(name, parser, action, data):
     flag = contract._name(action)
-    bad = data.draw(outside(parser.contract(action)), label=flag)
+    bad = data.draw(outside(_bound(parser, action), parser.contract(action).kind), label=flag)
     values = [bad] * (action.nargs if isinstance(action.nargs, int) else 1)
     argv = [*parser.command.split()[1:], *([f"{flag}={bad}"] if len(values) == 1 else [flag, *values])]
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         code, err = run_main(name, argv)
         assert not os.listdir(tmp), "something was written"
     assert_one_line_usage_error(code, err, flag)
+
+
+def test_every_stated_bound_is_a_flags():
+    """No stale line in tests/stated_bounds.py FLAGS: each names a numeric flag of some command."""
+    used = {line for _, parser, action in NUMERIC
+            for line in [f"{' '.join(parser.command.split()[:n])} {contract._name(action)}"
+                         for n in range(1, len(parser.command.split()) + 1)] + [contract._name(action)]}
+    assert not set(stated.FLAGS) - used, sorted(set(stated.FLAGS) - used)
+
+
+@pytest.mark.parametrize("name, parser, action", NUMERIC,
+                         ids=[f"{p.command}:{contract._name(a)}" for _, p, a in NUMERIC])
+def test_a_flags_check_refuses_just_outside_and_takes_the_ends_of_its_stated_bound(name, parser, action):
+    """The ends of each stated bound, through the flag's own parsing (its type and the contract's checks): a bound
+    loosened in the contract lets a refused value through; a tightened one refuses an end."""
+    bound, kind = _bound(parser, action), parser.contract(action).kind
+    refused, accepted = stated.edges(bound)
+    good = repr(accepted[0])
+    def text(value) -> str:
+        written = value if isinstance(value, str) else repr(value)
+        return f"{good},{written}" if kind == "list" else written
+
+    for value in [*refused, "٣", "１２", "٣.٥"]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            action.type(text(value))
+    for value in accepted:
+        action.type(text(value))  # no error
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import stated_bounds as stated
 import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -31,11 +32,12 @@ TINY = ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=32", "model
         "data.resolution=8", "sampler.steps=2"]
 
 
-def outside_value(entry: Arg):
-    """Python values an entry refuses: wrong types, NaN / inf, out of range, huge."""
+def outside_value(entry: Arg, line: str | None = None):
+    """Python values an entry refuses: wrong types, NaN / inf, out of range (``line``: the stated bound,
+    tests/stated_bounds.py, not the entry's own range), huge."""
     wrong = st.sampled_from(["3", b"3", None.__class__, [1], {"a": 1}, object(), 1j])
     options = [wrong.filter(lambda v: v is not None)]
-    r = entry.range
+    r = stated.parse(line) if line is not None else None
     if entry.kind in ("int", "float"):
         options.append(st.sampled_from([math.nan, math.inf, -math.inf]) if entry.kind == "float" else
                        st.sampled_from([1.5, math.nan, True]))
@@ -86,7 +88,9 @@ def test_a_pipeline_keyword_outside_its_contract_raises_before_sampling(pipe, ke
     from vit5_sit.sampling import call
 
     entry = pipeline.PIPELINE_ARGS[keyword]
-    bad = data.draw(outside_value(entry), label=keyword)
+    if entry.kind in ("int", "float", "list"):
+        assert keyword in stated.PIPELINE, f"{keyword}: add its stated bound to tests/stated_bounds.py PIPELINE"
+    bad = data.draw(outside_value(entry, stated.PIPELINE.get(keyword)), label=keyword)
 
     def never(*a, **k):
         raise AssertionError("sampled")
@@ -94,6 +98,23 @@ def test_a_pipeline_keyword_outside_its_contract_raises_before_sampling(pipe, ke
     monkeypatch.setattr(call, "sample_images", never)
     with pytest.raises(ValueError, match=keyword):
         pipe([0], **{keyword: bad})
+
+
+@pytest.mark.parametrize("keyword", sorted(stated.PIPELINE))
+def test_a_pipeline_keyword_takes_the_ends_of_its_stated_bound_and_nothing_beyond(keyword):
+    from vit5_sit.common.contract import value_problem
+    from vit5_sit.pipeline import PIPELINE_ARGS
+
+    entry = PIPELINE_ARGS[keyword]
+    refused, accepted = stated.edges(stated.parse(stated.PIPELINE[keyword]))
+
+    def given(v):
+        return (accepted[0], v) if entry.kind == "list" else v
+
+    for value in refused:
+        assert value_problem(given(value), entry), (keyword, value)
+    for value in accepted:
+        assert value_problem(given(value), entry) is None, (keyword, value)
 
 
 def test_num_inference_steps_zero_is_refused_with_and_without_a_scheduler(pipe):
@@ -112,15 +133,30 @@ def test_num_inference_steps_zero_is_refused_with_and_without_a_scheduler(pipe):
 # ----------------------------------------------------------------------------------------------------------
 # The config: ConfigError naming the key.
 
-BOUNDED = sorted(k for k, r in RANGES.items() if r.lo is not None or r.hi is not None)
+# The bounds each key must keep, stated in tests/stated_bounds.py (not read from RANGES, the table under test).
+BOUNDED = sorted(k for k, line in stated.CONFIG.items() if line != "any")
+
+
+def test_every_config_range_has_a_stated_bound_and_no_stated_bound_is_stale():
+    assert set(RANGES) == set(stated.CONFIG), (sorted(set(RANGES) - set(stated.CONFIG)),
+                                               sorted(set(stated.CONFIG) - set(RANGES)))
+
+
+@pytest.mark.parametrize("key", sorted(stated.CONFIG))
+def test_a_config_range_takes_the_ends_of_its_stated_bound_and_nothing_beyond(key):
+    refused, accepted = stated.edges(stated.parse(stated.CONFIG[key]))
+    for value in refused:
+        assert RANGES[key].problem(value), (key, value)
+    for value in accepted:
+        assert RANGES[key].problem(value) is None, (key, value)
 
 
 @pytest.mark.parametrize("key", BOUNDED)
 @FAST
 @given(data=st.data())
 def test_a_config_value_outside_its_range_names_the_key(key, data):
-    r = RANGES[key]
-    values = [st.sampled_from(["nan", "inf", "-inf", "abc", "1e400", "٣"])]
+    r = stated.parse(stated.CONFIG[key])
+    values = [st.sampled_from(["nan", "inf", "-inf", "abc", "1e400", "٣", "１２"])]
     if r.lo is not None:
         values.append(st.floats(max_value=r.lo, exclude_max=not r.lo_open, allow_nan=False,
                                 allow_infinity=False).map(repr))

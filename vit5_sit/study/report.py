@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.common.contract import metric_problem
 from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 
 from . import intervals as iv
@@ -698,6 +699,8 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
     if not isinstance(rows, list) or not all(_valid_row(r) for r in rows):
         raise StudyError(f"{path}: not a study results file (no list of rows with arm, seed, step and "
                          f"sample_seed); {fix}")
+    if problem := rows_problem(None, [r for r in rows if r.get("cfg_scale") is not None]):
+        raise StudyError(f"{path}: {problem}; {fix}")
     settings = payload.get("eval")
     same = isinstance(settings, dict) and all(settings.get(k) == getattr(spec.eval, k) for k in SCORE_SETTINGS)
     if payload.get("study") != spec.name or not same:
@@ -718,10 +721,37 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
         if (r["seed"] in arms.get(r["arm"], ()) and r["step"] in spec.steps and r["sample_seed"] in sample_seeds
                 and scale is not None and float(scale) in spec.eval.cfg_scales):
             kept.append({**r, "cfg_scale": float(scale)})
+    if problem := rows_problem(spec, kept):  # rows of an older file, without a scale, take the legacy one
+        raise StudyError(f"{path}: {problem}; {fix}")
     if len(kept) < len(rows):
         log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds, steps, sample seeds or guidance "
             "scales this study no longer has: the new report does not keep them")
     return kept
+
+
+def rows_problem(spec: StudySpec | None, rows: list[dict]) -> str | None:
+    """Why ``rows`` cannot be scores, or None: a metric value outside its range (`METRIC_RANGES`: a negative FID,
+    a precision above 1, NaN) or an evaluation (arm, seed, step, sample seed, guidance scale) given twice, which
+    the arm table and the paired comparisons would each count their own way. Checked wherever rows enter a
+    report: the saved study.json (`saved_rows`) and the evaluations (`write_report`)."""
+    for r in rows:
+        for name, value in r.items():
+            if problem := metric_problem(name, value):
+                return f"{_row_text(spec, r)}: {name}={value!r}: {problem}"
+    seen: dict[tuple, int] = {}
+    for r in rows:
+        key = _row_key(spec, r)
+        seen[key] = seen.get(key, 0) + 1
+    twice = [_row_text(spec, dict(zip(_KEY, key, strict=True))) for key, n in seen.items() if n > 1]
+    if twice:
+        return (f"{len(twice)} evaluation(s) given more than once ({'; '.join(twice[:5])}"
+                f"{f'; and {len(twice) - 5} more' if len(twice) > 5 else ''}): keep one row of each")
+    return None
+
+
+def _row_text(spec: StudySpec | None, r: dict) -> str:
+    scale = row_cfg(spec, r) if spec is not None else r.get("cfg_scale")
+    return f"{r['arm']} seed {r['seed']} step {r['step']} sample seed {r['sample_seed']} cfg {scale}"
 
 
 def _row_key(spec: StudySpec | None, r: dict) -> tuple:
@@ -746,6 +776,8 @@ def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None =
     report (`saved_rows`): a run folder that is gone does not take its scores with it."""
     out = Path(out_dir or spec.results_dir)
     rows = [{**r, "cfg_scale": row_cfg(spec, r)} for r in rows]
+    if problem := rows_problem(spec, rows):
+        raise StudyError(f"the evaluations: {problem}; nothing was written")
     if keep_saved:
         rows = merge_rows(rows, saved_rows(spec, out / "study.json", log), spec)
     order = {a.name: i for i, a in enumerate(spec.arms)}

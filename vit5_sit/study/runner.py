@@ -270,6 +270,7 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
 
     import numpy as np
 
+    from vit5_sit.common.contract import metric_problem
     from vit5_sit.common.utils import atomic_write_text
     from vit5_sit.demo.digit_classifier import CLASSIFIER, classify, load_classifier
     from vit5_sit.sampling.generate import manifest_path
@@ -289,7 +290,8 @@ def digit_accuracy(samples: str | Path, cached_only: bool = False) -> float | No
         cached = json.loads(path.read_bytes()) if path.is_file() else None
     except (OSError, ValueError):  # damaged: computed again
         cached = None
-    if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("digit_accuracy"), float):
+    if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("digit_accuracy"), float) \
+            and not metric_problem("digit_accuracy", cached["digit_accuracy"]):  # outside [0, 1]: damaged
         return cached["digit_accuracy"]
     if cached_only:
         return None

@@ -61,9 +61,11 @@ from vit5_sit.sampling.call import (  # the call both doors share; these names a
     draw_seeds,
     label_ids,
     plan_call,
+    require_accelerate,
     run_call,
 )
-from vit5_sit.transport import Transport
+from vit5_sit.transport import Transport, check_guide
+from vit5_sit.transport.guidance import trained_guidance
 
 __all__ = ["MAX_SEED", "OUTPUT_TYPES", "PIPELINE_ARGS", "NFELimitError", "Vit5SitPipeline", "Vit5SitPipelineOutput",
            "convert_images", "draw_seeds"]
@@ -73,9 +75,13 @@ class Vit5SitPipeline:
     """A trained model, its config and (latent models) the VAE; call it to generate images."""
 
     def __init__(self, model: Denoiser, config: ExperimentConfig, vae=None, metrics: list[dict] | None = None,
-                 scheduler=None):
+                 scheduler=None, guide: Denoiser | None = None):
         self.model = model.eval()
         self.config = config
+        if guide is not None:  # autoguidance: guidance_scale weighs the model against this bad version of it
+            check_guide(model.cfg, guide.cfg)
+            guide = guide.eval()
+        self.guide = guide
         self.metrics = list(metrics or [])  # measured metrics, carried into save_pretrained's model card
         self.transport = Transport(config.transport)
         if scheduler is not None:  # a diffusers flow scheduler; None = our samplers (the config's sampler)
@@ -101,6 +107,8 @@ class Vit5SitPipeline:
                         scheduler=None,                       # a diffusers flow scheduler; None = ours
                         torch_dtype: torch.dtype | None = None,  # the weights' dtype; None = float32
                         dtype: torch.dtype | None = None,     # the same (diffusers' newer name)
+                        guide: str | Path | Denoiser | None = None,  # autoguidance's guide: a model (folder,
+                                                              # run, checkpoint, Hub id); None = the folder's guide/
                         ) -> Vit5SitPipeline:
         """From a Hub repo id, a model folder, a run folder (newest valid checkpoint) or a checkpoint folder;
         None = the bundled demo model. ``torch_dtype=torch.bfloat16`` runs the network in bfloat16 (the solvers
@@ -113,7 +121,14 @@ class Vit5SitPipeline:
                                                  token=token, device=device)
         if vae is None and loaded.folder is not None and (loaded.folder / "vae" / "config.json").is_file():
             vae = loaded.folder / "vae"  # the VAE the model folder carries (diffusers' layout)
-        pipe = cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler)
+        if guide is None and loaded.folder is not None and (loaded.folder / "guide" / "config.json").is_file():
+            guide = loaded.folder / "guide"  # the guide the model folder carries
+        if guide is not None:
+            from vit5_sit.hub.guide import load_guide
+
+            guide = load_guide(guide, loaded.config, revision=revision, cache_dir=cache_dir, token=token,
+                               device=device)
+        pipe = cls(loaded.model, loaded.config, vae=vae, metrics=loaded.metrics, scheduler=scheduler, guide=guide)
         return pipe.to(dtype=torch_dtype or dtype) if (torch_dtype or dtype) else pipe
 
     def _pretrained(self):
@@ -123,10 +138,10 @@ class Vit5SitPipeline:
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> Path:
         """The model folder (`vit5_sit.hub.api.PretrainedModel.save_pretrained`), diffusers' layout included; a
-        latent model's folder gets this pipeline's VAE."""
+        latent model's folder gets this pipeline's VAE, and a pipeline with a guide its ``guide/``."""
         if self.latent and "vae" not in kwargs:
             kwargs["vae"] = self._vae
-        return self._pretrained().save_pretrained(save_directory, **kwargs)
+        return self._pretrained().save_pretrained(save_directory, guide=self.guide, **kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
         """Upload the model folder to a Hub model repo (`vit5_sit.hub.api.PretrainedModel.push_to_hub`)."""
@@ -146,7 +161,7 @@ class Vit5SitPipeline:
         if dtype is not None and not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype}: the weights need a floating-point dtype (torch.float32, bfloat16, ...)")
         self._offload = None  # an explicit placement ends enable_model_cpu_offload
-        for module in (self.model, self._vae):
+        for module in (self.model, self.guide, self._vae):
             if module is not None and not isinstance(module, str | Path):
                 module.to(device=device, dtype=dtype)
         if dtype is not None:
@@ -172,11 +187,12 @@ class Vit5SitPipeline:
     def components(self) -> dict:
         """As in diffusers: the parts by name (``transformer``, ``scheduler``: a diffusers scheduler or None for
         our samplers, ``vae``: None for pixel models)."""
-        return {"transformer": self.model, "scheduler": self.scheduler, "vae": self.vae}
+        return {"transformer": self.model, "scheduler": self.scheduler, "vae": self.vae, "guide": self.guide}
 
     def enable_model_cpu_offload(self, gpu_id: int | None = None, device: torch.device | str = "cuda") -> None:
         """As diffusers': the weights wait on the CPU and each model moves to ``device`` when it runs (the network,
         then the VAE), through accelerate's ``cpu_offload_with_hook``; ``pipe.to(...)`` ends it."""
+        require_accelerate("enable_model_cpu_offload")
         from accelerate import cpu_offload_with_hook
 
         device = torch.device(device)
@@ -184,7 +200,7 @@ class Vit5SitPipeline:
             device = torch.device(device.type, gpu_id)
         self.to("cpu")
         hook = None
-        for module in (self.model, self.vae):
+        for module in (self.model, self.guide, self.vae):
             if module is not None:
                 _, hook = cpu_offload_with_hook(module, device, prev_module_hook=hook)
         self._offload = device
@@ -261,7 +277,8 @@ class Vit5SitPipeline:
         """
         plan = plan_call(locals(), num_classes=self.model.cfg.num_classes,
                          default_scale=self.config.log.sample_cfg_scale, sampler=self.config.sampler,
-                         scheduler=self.scheduler, parse_name=parse_classes)
+                         scheduler=self.scheduler, parse_name=parse_classes,
+                         trained_guidance=trained_guidance(self.config), guide=self.guide)
         return run_call(plan, self.model, self.transport, progress_bar=self.progress_bar,
                         vae=None if output_type == "latent" else self.vae, device=self.device,
-                        scheduler=self.scheduler)
+                        scheduler=self.scheduler, guide=self.guide)

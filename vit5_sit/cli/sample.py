@@ -335,6 +335,7 @@ def _run(args, grid: bool) -> int:
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.sampling.generate import SamplingInterrupted, SamplingStateError
     from vit5_sit.transport import GuidanceError, Transport, TransportConfig, check_guidance
+    from vit5_sit.transport.guidance import check_second_guidance, trained_guidance
     from vit5_sit.transport.samplers import FIXED_STEP_METHODS, SolverError
 
     loaded = load_model(args)
@@ -347,9 +348,11 @@ def _run(args, grid: bool) -> int:
                          "1 = the model alone; 1.5-3 is the usual range)")
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
+    trained = trained_guidance(loaded.cfg) if loaded.cfg is not None else 1.0  # a MeanFlow model's, 1 = none
     try:
         if args.guide is None:  # autoguidance needs no null label: the guide is conditional
             check_guidance(args.cfg_scale, mcfg.class_dropout_prob)
+        check_second_guidance(trained, args.cfg_scale, args.guide)
     except GuidanceError as e:
         raise UsageError(f"--cfg-scale: {e}") from None
     transport = Transport(loaded.cfg.transport if loaded.cfg is not None else TransportConfig())
@@ -372,7 +375,8 @@ def _run(args, grid: bool) -> int:
     common = dict(
         vae=vae_for(args, loaded), image_size=loaded.input_size, batch_size=args.batch_size,
         device=args.device or dist.device(), cfg_scale=args.cfg_scale,
-        guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels)
+        guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels,
+        trained_guidance=trained)
     if guide is not None:
         common["guide"] = guide.model
     if scheduler is not None:  # grids only (check_flags)

@@ -373,8 +373,14 @@ def evaluate_checkpoint(run: Path, name: str, cfg, ckpt, settings: CompareSettin
                             guide_cfg.transport if guide_cfg is not None else None)
             except GuidanceError as e:
                 raise CompareError(f"{name} step {ckpt.step}: guide {guide}: {e}") from None
+        from vit5_sit.transport.guidance import GuidanceError, check_second_guidance, trained_guidance
+
+        try:  # a model with guidance trained in takes none on top (sample_to_npz holds the same rule)
+            check_second_guidance(trained_guidance(cfg), options.get("cfg_scale", 1.0), options.get("guide"))
+        except GuidanceError as e:
+            raise CompareError(f"{name} step {ckpt.step}: {e}") from None
         sample_to_npz(model, Transport(cfg.transport), sampler, samples, progress=progress, device=device,
-                      **options)
+                      trained_guidance=trained_guidance(cfg), **options)
         del model
     row = {"run": name, "run_dir": shown_as or str(run), "step": ckpt.step, "samples": str(samples)}
     if dist.is_main():

@@ -244,6 +244,11 @@ def check_folder(folder: str | Path, cfg: ExperimentConfig, weights: str | Path 
         if "guidance_scale" in stated:
             checks.append((index, {"guidance_scale": stated["guidance_scale"]},
                            {"guidance_scale": float(cfg.log.sample_cfg_scale)}))
+        if "trained_guidance" in stated:  # folders written before it have none
+            from vit5_sit.transport.guidance import trained_guidance
+
+            checks.append((index, {"trained_guidance": stated["trained_guidance"]},
+                           {"trained_guidance": trained_guidance(cfg)}))
     for path, stated, ours in checks:
         problem = disagreement(stated, ours, path.name if path.parent == folder else
                                f"{path.parent.name}/{path.name}", "config.yaml")

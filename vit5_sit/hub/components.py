@@ -43,7 +43,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerOutput
 from vit5_sit.hub.agreement import check_loaded, check_transformer_files, read_json, transformer_files
 from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
-from vit5_sit.sampling.call import plan_call, run_call
+from vit5_sit.sampling.call import plan_call, require_accelerate, run_call
 from vit5_sit.sampling.generate import sampler_settings
 from vit5_sit.transport.samplers import SamplerConfig, steps_grid
 from vit5_sit.transport.transport import Transport, TransportConfig
@@ -179,13 +179,14 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
     _optional_components = ["vae", "guide"]
 
     def __init__(self, transformer: ModelMixin, scheduler: SchedulerMixin, vae: ModelMixin | None = None,
-                 guide: ModelMixin | None = None, guidance_scale: float = 1.0, sampling: dict | None = None) -> None:
+                 guide: ModelMixin | None = None, guidance_scale: float = 1.0, trained_guidance: float = 1.0,
+                 sampling: dict | None = None) -> None:
         super().__init__()
         for module in (vae, guide):  # frozen as our loaders leave them: CPU convolutions of weights that need no
             if module is not None:   # grad round differently, and the images must be the same
                 module.requires_grad_(False)
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae, guide=guide)
-        self.register_to_config(guidance_scale=guidance_scale)
+        self.register_to_config(guidance_scale=guidance_scale, trained_guidance=trained_guidance)
         if sampling is not None:  # our scheduler's config, kept when a diffusers scheduler replaced it
             self.register_to_config(sampling=sampling)
 
@@ -262,7 +263,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
         own = self.own_scheduler()
         other = None if self.scheduler is own else self.scheduler  # a diffusers flow scheduler
         plan = plan_call(arguments, num_classes=self.transformer.cfg.num_classes,
-                         default_scale=self.config.guidance_scale, sampler=own.sampler, scheduler=other)
+                         default_scale=self.config.guidance_scale, sampler=own.sampler, scheduler=other,
+                         trained_guidance=self.config.trained_guidance, guide=self.guide)
         out = run_call(plan, self.transformer, own.transport, progress_bar=self.progress_bar, vae=self.vae,
                        device=self._execution_device, scheduler=other, guide=self.guide)
         self.maybe_free_model_hooks()
@@ -272,13 +274,6 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
 def _is_own_scheduler(scheduler) -> bool:
     """Our scheduler (`Vit5SitScheduler`, from this package or a folder's copy): it holds a transport and a sampler."""
     return hasattr(scheduler, "transport") and hasattr(scheduler, "sampler_config")
-
-
-def require_accelerate(what: str) -> None:
-    """One ImportError naming the install when accelerate (CPU offload's hooks) is missing."""
-    if importlib.util.find_spec("accelerate") is None:
-        raise ImportError(f"{what} needs accelerate, which is not installed: pip install accelerate (or place the "
-                          "pipeline with pipe.to(device), which needs nothing more)")
 
 
 def code_file(obj) -> tuple[str, str] | None:

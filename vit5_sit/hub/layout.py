@@ -107,6 +107,8 @@ def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None, gui
 
     import diffusers
 
+    from vit5_sit.transport.guidance import trained_guidance
+
     out = Path(out)
     version = diffusers.__version__
     latent = cfg.data.kind == "latents"
@@ -122,6 +124,7 @@ def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None, gui
     code = write_code(out, guide=guide_config is not None)
     index = {"_class_name": code[""], "_diffusers_version": version,
              "guidance_scale": float(cfg.log.sample_cfg_scale),
+             "trained_guidance": trained_guidance(cfg),  # a MeanFlow model's: it takes no second guidance
              **{folder: code[folder] for folder in COMPONENTS},
              VAE_FOLDER: ["diffusers", "AutoencoderKL"] if latent else [None, None],
              GUIDE_FOLDER: code.get(GUIDE_FOLDER, [None, None])}

@@ -35,7 +35,7 @@ from vit5_sit.common.contract import (
     value_problem,
 )
 from vit5_sit.sampling.generate import sample_images, sampler_settings, steps_per_batch
-from vit5_sit.transport.guidance import check_guidance_settings
+from vit5_sit.transport.guidance import check_guidance_settings, check_second_guidance
 from vit5_sit.transport.rng import SeedError, check_seeds
 from vit5_sit.transport.samplers import SamplerConfig
 
@@ -113,6 +113,7 @@ class CallPlan:
     output_type: str | None
     return_dict: bool
     on_step: Callable[[int, int | None], None] | None = None
+    trained_guidance: float = 1.0   # guidance trained into the model (`vit5_sit.transport.guidance`); 1 = none
 
 
 def _is_integer(value) -> bool:
@@ -162,6 +163,8 @@ def plan_call(arguments: dict, *,
               sampler: SamplerConfig,            # the model's default sampler
               scheduler=None,                    # a diffusers flow scheduler that replaces our sampler, or None
               parse_name: Callable[[str, int], list[int]] | None = None,  # ImageNet names; None = ids only
+              trained_guidance: float = 1.0,     # guidance trained into the model (MeanFlow); 1 = none
+              guide=None,                        # autoguidance's guide network, or None
               ) -> CallPlan:
     """Check a call's keyword ``arguments`` (`PIPELINE_ARGS`'s names) and decide everything before any work: one
     ValueError (or subclass) naming the first bad value."""
@@ -183,6 +186,7 @@ def plan_call(arguments: dict, *,
     scale = default_scale if a["guidance_scale"] is None else a["guidance_scale"]
     interval = (0.0, 1.0) if a["guidance_interval"] is None else a["guidance_interval"]
     check_guidance_settings(scale, interval, "guidance_scale", "guidance_interval")
+    check_second_guidance(trained_guidance, scale, guide)
     low, high = (float(v) for v in interval)
     if scheduler is not None and (a["sampler"] is not None or a["method"] is not None):
         raise ValueError(f"sampler={a['sampler']!r} / method={a['method']!r}: this pipeline samples with its "
@@ -204,7 +208,7 @@ def plan_call(arguments: dict, *,
     if a["on_step"] is not None and not callable(a["on_step"]):
         raise ValueError(f"on_step={a['on_step']!r}: give a callable (done, total), or None")
     return CallPlan(labels, seeds, float(scale), (low, high), settings, batch_size, max_nfe, a["output_type"],
-                    a["return_dict"], a["on_step"])
+                    a["return_dict"], a["on_step"], float(trained_guidance))
 
 
 def run_call(plan: CallPlan, model, transport, *,
@@ -242,10 +246,20 @@ def run_call(plan: CallPlan, model, transport, *,
         x = sample_images(model, transport, settings, labels, plan.seeds, cfg_scale=plan.scale,
                           guidance_interval=plan.interval, batch_size=batch_size,
                           vae=None if plan.output_type == "latent" else vae, device=device, on_batch=batch_done,
-                          on_step=step, as_float=True, scheduler=scheduler, **sampling)
+                          on_step=step, as_float=True, scheduler=scheduler,
+                          trained_guidance=plan.trained_guidance, **sampling)
     images = x if plan.output_type == "latent" else convert_images(x, plan.output_type)  # latent: the model's space
     out = Vit5SitPipelineOutput(images, labels, plan.seeds)
     return out if plan.return_dict else out.to_tuple()
+
+
+def require_accelerate(what: str) -> None:
+    """One ImportError naming the install when accelerate (CPU offload's hooks) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise ImportError(f"{what} needs accelerate, which is not installed: pip install accelerate (or place the "
+                          "pipeline with pipe.to(device), which needs nothing more)")
 
 
 def draw_seeds(n: int, seed, generator) -> list[int]:

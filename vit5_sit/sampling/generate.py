@@ -41,6 +41,7 @@ from vit5_sit.transport import (
 )
 
 # FIXED_STEP_METHODS: adaptive ODE solvers share step sizes in a batch
+from vit5_sit.transport.guidance import check_second_guidance
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS, ODE_ADAPTIVE
 
 PART_SIZE = 256        # images per part file of mass sampling; fixed for a run (part k: samples kP..kP+P-1)
@@ -140,6 +141,7 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                   as_float: bool = False,  # True: (N, C, H, W) float32 in [-1, 1] as decoded, not quantised
                   scheduler=None,  # a diffusers flow scheduler instead of `sampler` (sampler.steps steps)
                   guide: Denoiser | None = None,  # autoguidance: cfg_scale weighs the model against this guide
+                  trained_guidance: float = 1.0,  # guidance trained into the model (`guidance.trained_guidance`)
                   ) -> np.ndarray | torch.Tensor:
     """Sample one image per (class, seed) pair; returns uint8 (N, H, W, 3), or the float images.
 
@@ -152,6 +154,7 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
         raise ValueError("no images to sample: give at least one class label")
     _check_batch_size(batch_size)
     check_model_sampler(model.cfg, sampler, scheduler)
+    check_second_guidance(trained_guidance, cfg_scale, guide)
     for s in seeds:  # all of them before the first batch, not at the batch that holds a bad one
         check_seeds(s)
     device = torch.device(device)
@@ -385,6 +388,7 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                   identity: dict | None = None,           # which model (checkpoint, sha256): for the manifest
                   guide: Denoiser | None = None,          # autoguidance: cfg_scale weighs the model against it
                   guide_identity: dict | None = None,     # which guide (as identity): for the manifest
+                  trained_guidance: float = 1.0,          # guidance trained into the model (as in sample_images)
                   max_parts: int | None = None,           # stop after this many new parts (time-limited jobs)
                   keep_parts: bool = False,               # keep the part files after assembling the .npz
                   progress: bool = True,
@@ -406,6 +410,7 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples}: must be at least 1")
     check_model_sampler(model.cfg, sampler)
+    check_second_guidance(trained_guidance, cfg_scale, guide)  # before any file is written
     if part_size < 1:
         raise ValueError(f"part_size={part_size}: must be at least 1")
     _check_batch_size(batch_size)
@@ -468,7 +473,8 @@ def sample_to_npz(model: Denoiser, transport: Transport, sampler: SamplerConfig,
                disable=not (progress and dist.is_main()), dynamic_ncols=True, bar_format=BAR_FORMAT)
     evals = steps_per_batch(sampler)
     options = dict(cfg_scale=cfg_scale, guidance_interval=guidance_interval, guide_channels=guide_channels,
-                   vae=vae, image_size=image_size, batch_size=batch_size, device=device, guide=guide)
+                   vae=vae, image_size=image_size, batch_size=batch_size, device=device, guide=guide,
+                   trained_guidance=trained_guidance)
     k, batches = None, []
     try:
         for k in mine:

@@ -167,3 +167,23 @@ class AutoGuidance:
         mixed = out.clone()
         mixed[guided] = bad + self.scale * (out[guided] - bad)
         return mixed
+
+
+def trained_guidance(cfg) -> float:
+    """The guidance scale trained into a model (an `ExperimentConfig`): a MeanFlow model's meanflow.guidance_scale,
+    whose one network pass is already guided; 1 = none (flow models, unguided MeanFlow and iMF, whose guidance is an
+    input rather than trained in)."""
+    return float(cfg.meanflow.guidance_scale) if cfg.train.objective == "meanflow" else 1.0
+
+
+def check_second_guidance(trained: float, scale: float, guide=None) -> None:
+    """The one rule for guidance at sampling on a model with guidance trained in (``trained`` != 1, see
+    `trained_guidance`): none on top of it, classifier-free (scale != 1) or autoguidance (a guide). Called by
+    `vit5_sit.sampling.generate.sample_images`, so sample.py, both pipelines and the web page refuse it alike."""
+    if float(trained) == 1.0 or (float(scale) == 1.0 and guide is None):
+        return
+    asked = f"autoguidance (a guide, weight {float(scale):g})" if guide is not None else f"guidance {float(scale):g}"
+    raise GuidanceError(f"{asked} asked of a model with guidance {float(trained):g} trained in (MeanFlow, "
+                        f"meanflow.guidance_scale={float(trained):g}): its one pass is already guided, and a second "
+                        "guidance only makes the images worse; sample it unguided (--cfg-scale 1, guidance_scale=1, "
+                        "no guide)")

@@ -304,6 +304,35 @@ def test_which_preset_sentence_is_the_record():
                                   f"{p_r.mean:.3f}, recall {r_n.mean:.3f} against {r_r.mean:.3f}, {s_n.n} seeds each)")
 
 
+def test_one_step_demo_repa_and_layerscale_figures_are_the_record():
+    """The single-seed figures: the one-step demo (MeanFlow SiT + RoPE seed 0 trained on to 3,000 steps), REPA's
+    first comparison and the LayerScale placements (seed 0 at 1,200 steps)."""
+    def one(record: dict, arm: str, step: int, metric: str = "fid") -> float:
+        return cell(record, arm, step, metric=metric, seeds=[0]).mean
+
+    fid1, acc1 = one(MEANFLOW_LONG[1], "meanflow-sit-rope", 3000), one(MEANFLOW_LONG[1], "meanflow-sit-rope", 3000,
+                                                                         "digit_accuracy")
+    fid2, acc2 = one(MEANFLOW_LONG[2], "meanflow-sit-rope", 3000), one(MEANFLOW_LONG[2], "meanflow-sit-rope", 3000,
+                                                                         "digit_accuracy")
+    _said("README.md", f"{100 * acc1:.1f}% of its one-step digits read right (FID {fid1:.1f}: a faint noise speckle on "
+                       f"the background; `--steps 2`: {100 * acc2:.1f}%, FID {fid2:.1f};")
+    before = one(MEANFLOW_LONG[1], "meanflow-sit-rope", 2250, "digit_accuracy")
+    _said("docs/demo.md", f"({100 * before:.1f}% read right at 2,250, {100 * acc1:.1f}% at 3,000)")
+    _said("docs/demo.md", f"Its FID-1000 against all 5,000 digits is {fid1:.1f} (2 steps, `--steps 2`: {fid2:.1f}, "
+                          f"{100 * acc2:.1f}% of digits)")
+    _said("docs/meanflow.md", f"the one-step FID stays put ({one(MEANFLOW_LONG[1], 'meanflow-sit-rope', 2250):.1f} -> "
+                              f"{fid1:.1f}) while the digits go {100 * before:.1f}% -> {100 * acc1:.1f}% and 2 steps "
+                              f"{one(MEANFLOW_LONG[2], 'meanflow-sit-rope', 2250):.1f} -> {fid2:.1f}")
+    repa, plain = one(COMPONENTS, "vit5-repa", 1200), one(COMPONENTS, "vit5", 1200)
+    _said("README.md", f"FID-1000 {repa:.1f} with vs {plain:.1f} without, one seed")
+    _said("docs/repa/README.md", f"| ViT5-T/4 (paper preset) | {plain:.1f} |")
+    _said("docs/repa/README.md", f"| ViT5-T/4 + REPA (block 2, weight 0.5, the MNIST encoder) | {repa:.1f} |")
+    ls1, gate1, nols = (one(COMPONENTS, arm, 1200) for arm in ("ls1", "ls-gate1", "vit5-nols"))
+    _said("docs/study/README.md", f"initialised at 1 **{ls1:.1f}**, level with no LayerScale ({nols:.1f} on the same "
+                                  f"seed), and LayerScale 1e-4 with gates initialised at 1 **{gate1:.1f}**, level "
+                                  f"with the paper preset ({plain:.1f})")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The helper itself
 

@@ -74,6 +74,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                              "own config.yaml (its data.vae names the VAE)")
     import torch
 
+    from vit5_sit.hub.agreement import check_record
     from vit5_sit.hub.api import collect_metrics, config_at_step, model_card, read_metrics, write_model_folder
     from vit5_sit.hub.model_files import model_vae, read_weights, resolve_checkpoint, weights_file
 
@@ -85,6 +86,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
     ema = read_weights(weights_file(folder))  # truncated or not safetensors: one line
+    check_record(weights_file(folder), config_at_step(config_path, folder), folder)  # what the weights say they are
     vae = model_vae(folder, cfg) if cfg.data.kind == "latents" else None  # a model folder's own vae/ first
     num_params = sum(v.numel() for v in ema.values())
     return write_export(
@@ -140,6 +142,8 @@ def replaceable_problem(out: Path) -> str | None:
 
     from vit5_sit.hub.files import MODEL_FILES
 
+    if out.exists() and not out.is_dir():
+        return "is a file, not a folder; give a folder"
     if not out.is_dir():
         return None
     names = {*EXPORTED_NAMES, *(p.split("/")[0] for p in MODEL_FILES)}

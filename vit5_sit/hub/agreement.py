@@ -214,6 +214,17 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def check_record(weights: str | Path, cfg: ExperimentConfig, where: str | Path) -> None:
+    """The model config recorded in the weights' metadata (if any) against config.yaml's (``cfg``): the weights'
+    own statement of what they are, checked wherever a folder's weights are read (a load, an export)."""
+    recorded = recorded_fields(read_header(weights)[0], weights)
+    if recorded is not None:
+        problem = disagreement(recorded, dataclasses.asdict(cfg.model_config()), f"the record in "
+                               f"{Path(weights).name}", "config.yaml")
+        if problem:
+            raise ModelLoadError(f"{where}: {problem}; {REEXPORT}")
+
+
 def check_folder(folder: str | Path, cfg: ExperimentConfig, weights: str | Path | None = None) -> None:
     """A model folder's derived files against its config.yaml (``cfg``): transformer/config.json and the weights'
     record (the `ModelConfig`), scheduler/scheduler_config.json (the transport and sampler sections) and
@@ -229,9 +240,7 @@ def check_folder(folder: str | Path, cfg: ExperimentConfig, weights: str | Path 
     if transformer.is_file():
         checks.append((transformer, effective_fields(read_json(transformer)), model))
     if weights is not None:
-        recorded = recorded_fields(read_header(weights)[0], weights)
-        if recorded is not None:
-            checks.append((Path(weights), recorded, model))
+        check_record(weights, cfg, folder)
     scheduler = folder / "scheduler" / "scheduler_config.json"
     if scheduler.is_file():
         stated = read_json(scheduler)

@@ -177,7 +177,12 @@ def _external_source(module: _Module, stmt: ast.stmt, local: str) -> tuple[str, 
         name = next(a.name for a in stmt.names if (a.asname or a.name) == local)
         return local, (f"def {local}(*args, **kwargs):  # {root}: imported on first use, an optional dependency\n"
                        f"    import importlib\n\n"
-                       f"    return getattr(importlib.import_module({stmt.module!r}), {name!r})(*args, **kwargs)")
+                       f"    try:\n"
+                       f"        module = importlib.import_module({stmt.module!r})\n"
+                       f"    except ImportError:\n"
+                       f"        raise ImportError({local!r} + ' needs {root}, which is not installed (the adaptive '\n"
+                       f"                          'solvers such as dopri5 use it): pip install {root}') from None\n"
+                       f"    return getattr(module, {name!r})(*args, **kwargs)")
     return text, text
 
 
@@ -202,6 +207,7 @@ def assemble(roots: list[tuple[str, str]], header: str = "") -> str:
         visiting.add(key)
         module = _parse(key[0])
         stmt = module.defs[key[1]]
+        local = None  # the names the statement binds itself: walked once, when first needed
         for name in _used_names(stmt):
             if name in module.defs and module.defs[name] is not stmt:
                 visit((key[0], name))
@@ -219,8 +225,11 @@ def assemble(roots: list[tuple[str, str]], header: str = "") -> str:
                                           f"differently (`{externals[external_names[name]]}`)")
                 external_names[name] = text_key
                 externals[text_key] = text
-            elif not hasattr(builtins, name) and name not in _local_names(stmt):
-                raise RemoteCodeError(f"{key[0]}.{key[1]} uses {name}, which is neither defined nor imported there")
+            elif not hasattr(builtins, name):
+                if local is None:
+                    local = _local_names(stmt)
+                if name not in local:
+                    raise RemoteCodeError(f"{key[0]}.{key[1]} uses {name}, which is neither defined nor imported there")
         for name in _bound_names(module, stmt):
             bind(name, key, f"{key[0]}.{key[1]}")
         order.append(key)

@@ -35,12 +35,14 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 WORLD, GLOBAL_BATCH, SEED, STEP = 2, 4, 3, 5
 MEANFLOW = MeanFlowConfig(ratio=1.0, guidance_scale=2.0)  # every sample through the JVP, the guidance pass too
+IMF = MeanFlowConfig(ratio=1.0, variant="imf")            # iMF: guidance inputs drawn, JVP along the network's v
+CONFIGS = {"meanflow": MEANFLOW, "imf": IMF}
 
 
-def _model() -> torch.nn.Module:
+def _model(imf: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     model = create_model("ViT5G-T/4", input_size=8, in_channels=1, num_classes=3, depth=1, hidden_size=32,
-                         num_heads=2, mean_flow=True)
+                         num_heads=2, mean_flow=True, guidance_input=imf)
     with torch.no_grad():  # leave adaLN-Zero's zeros: every weight gets a gradient
         for p in model.parameters():
             if p.requires_grad:
@@ -58,7 +60,7 @@ class PublicPattern(MeanFlowObjective):
     bare model (one pass instead of two), so DDP's forward never runs and its all-reduce is skipped."""
 
     def __call__(self, net, batch, rng):
-        t, d, noise, drop = self.draw(rng, tuple(batch.x1.shape[1:]))
+        t, d, noise, drop, _ = self.draw(rng, tuple(batch.x1.shape[1:]))
         y = self.drop_labels(batch.y, drop)
         x_t, v = self.transport.interpolate(noise, batch.x1, t)
         model = _bare_model(net)
@@ -79,7 +81,8 @@ def _grads(net: torch.nn.Module, objective, rows: slice) -> torch.Tensor:
     return grads
 
 
-OBJECTIVES = {"ours": MeanFlowObjective, "public-pattern": PublicPattern}
+RUNS_OF_A_RANK = {"meanflow": (MeanFlowObjective, MEANFLOW), "imf": (MeanFlowObjective, IMF),
+                  "public-pattern": (PublicPattern, MEANFLOW)}
 
 
 def _rank(rank: int, store: str, out: str) -> None:
@@ -87,13 +90,13 @@ def _rank(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
-        model = _model()
-        net = torch.nn.parallel.DistributedDataParallel(Trainee(model))
         micro = GLOBAL_BATCH // WORLD
         rows = StepRng.for_micro_batch(SEED, STEP, GLOBAL_BATCH, 0, micro, rank, WORLD).rows
         result = {}
-        for name, kind in OBJECTIVES.items():
-            g = _grads(net, kind(Transport(), model.null_label, 0.25, MEANFLOW), rows)
+        for name, (kind, cfg) in RUNS_OF_A_RANK.items():
+            model = _model(cfg.imf)
+            net = torch.nn.parallel.DistributedDataParallel(Trainee(model))
+            g = _grads(net, kind(Transport(), model.null_label, 0.25, cfg), rows)
             every = [torch.empty_like(g) for _ in range(WORLD)]
             dist.all_gather(every, g)
             result[name] = torch.stack(every)
@@ -112,24 +115,28 @@ def test_meanflow_gradients_are_all_reduced_under_ddp(tmp_path):
     # Forked, not spawned: the processes start with torch and the package already imported.
     mp.start_processes(_rank, args=(str(tmp_path / "store"), str(out)), nprocs=WORLD, start_method="fork")
     ranks = torch.load(out, weights_only=True)
-    model = _model()  # one process, the whole global batch
-    one = _grads(Trainee(model), MeanFlowObjective(Transport(), model.null_label, 0.25, MEANFLOW),
-                 slice(0, GLOBAL_BATCH))
-    assert one.abs().max() > 1e-3
-    ours = ranks["ours"]
-    assert torch.equal(ours[0], ours[1])  # all-reduced: every rank steps with the same gradient ...
-    torch.testing.assert_close(ours[0], one, atol=1e-7, rtol=1e-5)  # ... the global batch's
-    # The trap: each rank keeps the gradient of its own rows (what the check above would catch).
+    one = {}
+    for name, cfg in CONFIGS.items():  # one process, the whole global batch
+        model = _model(cfg.imf)
+        one[name] = _grads(Trainee(model), MeanFlowObjective(Transport(), model.null_label, 0.25, cfg),
+                           slice(0, GLOBAL_BATCH))
+        assert one[name].abs().max() > 1e-3
+        ours = ranks[name]
+        assert torch.equal(ours[0], ours[1]), name  # all-reduced: every rank steps with the same gradient ...
+        torch.testing.assert_close(ours[0], one[name], atol=1e-7, rtol=1e-5, msg=name)  # ... the global batch's
+    # The trap: each rank keeps the gradient of its own rows (what the checks above would catch).
     trap = ranks["public-pattern"]
     assert (trap[0] - trap[1]).abs().max() > 1e-3
-    assert (trap[0] - one).abs().max() > 1e-3
+    assert (trap[0] - one["meanflow"]).abs().max() > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The whole loop: 2 processes through accelerate against 1 process, checkpoint for checkpoint.
 
 RUNS = {"meanflow": ["train.objective=meanflow", "sampler.mode=meanflow", "sampler.method=euler",
-                     "sampler.steps=1", "meanflow.guidance_scale=2", "meanflow.ratio=0.5"]}
+                     "sampler.steps=1", "meanflow.guidance_scale=2", "meanflow.ratio=0.5"],
+        "imf": ["train.objective=meanflow", "sampler.mode=meanflow", "sampler.method=euler", "sampler.steps=1",
+                "meanflow.variant=imf", "meanflow.ratio=0.5"]}
 
 
 def _overrides(root: Path, name: str, data: Path, objective: str) -> list[str]:

@@ -175,6 +175,8 @@ class ExperimentConfig:
             derived["num_classes"] = DIGIT_CLASSES
         if self.train.objective == "meanflow":
             derived["mean_flow"] = True  # the interval input: one switch, train.objective, for every preset
+            if self.meanflow.imf:
+                derived["guidance_input"] = True  # iMF: guidance scale and interval inputs (meanflow.variant)
         return model_config(self.model.preset, **{**derived, **self.model.overrides})
 
 
@@ -222,6 +224,7 @@ def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...]
         return cfg
     base = to_dict(cfg)
     base["model"].pop("mean_flow", None)  # derived from train.objective (written out only to be complete)
+    base["model"].pop("guidance_input", None)  # derived from meanflow.variant (likewise)
     return from_dict(_implied_sampler(_overridden(base, overrides), [to_dict(cfg), _override_layer(overrides)]))
 
 
@@ -609,6 +612,7 @@ RANGES: dict[str, Range] = {
     "meanflow.guidance_scale": Range(0.0, 100.0, why="guidance trained in; 1 = none"),
     "meanflow.guidance_mix": Range(0.0, 1.0, hi_open=True, why="the paper's kappa"),
     "meanflow.guidance_interval": Range(0.0, 1.0, why="t: 0 = noise, 1 = data"),
+    "meanflow.guidance_range": Range(1.0, 100.0, why="iMF's training guidance scales; 1 = none"),
 }
 
 
@@ -681,6 +685,14 @@ def _check_meanflow(cfg: ExperimentConfig, mcfg: ModelConfig) -> None:
     if mcfg.mean_flow != meanflow:
         raise ConfigError(f"model.mean_flow={mcfg.mean_flow} with train.objective={cfg.train.objective}: the interval "
                           "input follows from the objective; drop model.mean_flow and set train.objective")
+    imf = meanflow and cfg.meanflow.imf
+    if mcfg.guidance_input != imf:
+        raise ConfigError(f"model.guidance_input={mcfg.guidance_input} with meanflow.variant={cfg.meanflow.variant}: "
+                          "the guidance inputs follow from the variant; drop model.guidance_input and set "
+                          "train.objective=meanflow meanflow.variant=imf")
+    if imf and mcfg.class_dropout_prob == 0:
+        raise ConfigError("meanflow.variant=imf builds its guided target from the unconditional field, which needs "
+                          "the null label: set model.class_dropout_prob > 0 (SiT: 0.1)")
     if (cfg.sampler.mode == "meanflow") != meanflow:
         fix = ("sampler.mode=meanflow sampler.method=euler sampler.steps=1 (or drop the sampler.* settings given "
                "with the objective: it implies them)" if meanflow

@@ -41,6 +41,8 @@ class ModelConfig:
     mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
     mean_flow: bool = False                 # MeanFlow: a second timestep embedder for the interval length
                                             # (`interval_embedder`), summed into the adaLN conditioning
+    guidance_input: bool = False            # iMF (MeanFlow models): the guidance scale and its interval are inputs
+                                            # (`guidance_embedder`, starts neutral), summed into the conditioning
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
@@ -50,9 +52,11 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
-        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow"):
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if self.guidance_input and not self.mean_flow:
+            raise ValueError("guidance_input=True is iMF's, a MeanFlow model's input: it needs mean_flow=True")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)
         _check_float("rope_base", self.rope_base, positive=True)
         _check_float("class_dropout_prob", self.class_dropout_prob)

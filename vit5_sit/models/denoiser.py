@@ -44,6 +44,7 @@ from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.layers import (
     DiTBlock,
     FinalLayer,
+    GuidanceEmbedder,
     LabelEmbedder,
     PatchEmbed,
     SwiGLU,
@@ -87,6 +88,8 @@ class Denoiser(nn.Module):
         # MeanFlow: the interval length t - r of the average velocity gets its own embedder, summed into the
         # conditioning (the paper's ImageNet choice, (t, t - r)): at interval 0 the model is a flow model.
         self.interval_embedder = TimestepEmbedder(D) if cfg.mean_flow else None
+        # iMF: the guidance scale and its interval as inputs (one-step models guided at sampling time, one pass).
+        self.guidance_embedder = GuidanceEmbedder(D) if cfg.guidance_input else None
         self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
         if cfg.pos_embed != "none":
             self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
@@ -135,6 +138,11 @@ class Denoiser(nn.Module):
         if self.interval_embedder is not None:
             nn.init.normal_(self.interval_embedder.mlp[0].weight, std=INIT_STD)
             nn.init.normal_(self.interval_embedder.mlp[2].weight, std=INIT_STD)
+        if self.guidance_embedder is not None:  # neutral at the start: the last layers zero
+            for embedder in (self.guidance_embedder.scale, self.guidance_embedder.low, self.guidance_embedder.high):
+                nn.init.normal_(embedder.mlp[0].weight, std=INIT_STD)
+                nn.init.zeros_(embedder.mlp[2].weight)
+                nn.init.zeros_(embedder.mlp[2].bias)
 
         # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
         # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
@@ -212,7 +220,7 @@ class Denoiser(nn.Module):
         return self.cfg.null_label
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = (),
-                interval: torch.Tensor | None = None):
+                interval: torch.Tensor | None = None, guidance: torch.Tensor | None = None):
         """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W).
 
         return_hidden: block numbers k (1-based); then returns ``(out, {k: (B, T, D) patch tokens after
@@ -220,6 +228,9 @@ class Denoiser(nn.Module):
         interval: MeanFlow models (``cfg.mean_flow``) only: (B,) lengths d >= 0 of the time interval [t, t + d]
         whose average velocity the model predicts (`vit5_sit.transport.meanflow`); None = 0, the instantaneous
         velocity.
+        guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
+        prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
+        guidance (1, 0, 1).
         """
         B, C, H, W = x.shape
         p = self.patch_size
@@ -250,6 +261,16 @@ class Denoiser(nn.Module):
         elif interval is not None:
             raise ValueError("interval= is for MeanFlow models (ModelConfig.mean_flow=True); this model predicts "
                              "the instantaneous velocity only")
+        if self.guidance_embedder is not None:
+            if guidance is None:
+                guidance = torch.tensor([[1.0, 0.0, 1.0]], device=x.device).expand(B, 3)  # no guidance
+            elif guidance.shape != (B, 3):
+                raise ValueError(f"guidance of shape {tuple(guidance.shape)}: expected ({B}, 3), a (scale, low, "
+                                 "high) row per sample")
+            c = c + self.guidance_embedder(guidance)              # (B, D)
+        elif guidance is not None:
+            raise ValueError("guidance= is for iMF models (ModelConfig.guidance_input=True, meanflow.variant=imf); "
+                             "guide this model with classifier-free guidance (two passes) instead")
 
         hidden = {}
         for k, block in enumerate(self.blocks, start=1):
@@ -267,12 +288,14 @@ class Denoiser(nn.Module):
         return (x, hidden) if return_hidden else x
 
 
-    def jvp(self, primals: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tangents: tuple, y: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward-mode JVP of the output in (x, t, interval) for labels y: returns (output, d output) for the
-        tangents (dx, dt, d interval); through `torch.func.jvp` with the plain ops (`forward_ad_ops`)."""
+    def jvp(self, primals: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tangents: tuple, y: torch.Tensor,
+            guidance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward-mode JVP of the output in (x, t, interval) for labels y (and iMF's guidance inputs, held
+        fixed): returns (output, d output) for the tangents (dx, dt, d interval); through `torch.func.jvp` with
+        the plain ops (`forward_ad_ops`)."""
+        kw = {} if guidance is None else {"guidance": guidance}
         with forward_ad_ops():
-            return torch.func.jvp(lambda x, t, d: self(x, t, y, interval=d), primals, tangents)
+            return torch.func.jvp(lambda x, t, d: self(x, t, y, interval=d, **kw), primals, tangents)
 
 
 DiT = Denoiser  # the former name (the official code's): old imports keep working

@@ -181,6 +181,20 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(t_freq.to(self.mlp[0].weight.dtype))
 
 
+class GuidanceEmbedder(nn.Module):
+    """iMF's guidance inputs (B, 3) = (scale w, low, high) -> (B, D): one timestep embedder each, for 1 - 1/w
+    (0 without guidance, as the official code) and the two ends of the interval where w acts, summed. The last
+    layer of each starts at zero, so a model starts neutral: its output is that of the model without the input."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.scale, self.low, self.high = (TimestepEmbedder(hidden_size) for _ in range(3))
+
+    def forward(self, guidance: torch.Tensor) -> torch.Tensor:
+        w, low, high = guidance.float().unbind(1)
+        return self.scale(1 - 1 / w) + self.low(low) + self.high(high)  # (B, D)
+
+
 class LabelEmbedder(nn.Module):
     """Class ids -> (B, D). With class_dropout_prob > 0 the table has a null row, id ``null_label``
     (= num_classes), the unconditional label of classifier-free guidance. Labels are not dropped here: the

@@ -17,7 +17,15 @@ from torch import nn
 from vit5_sit.models import Denoiser
 from vit5_sit.train.seeding import derive_seed
 from vit5_sit.transport import Transport
-from vit5_sit.transport.meanflow import MeanFlowConfig, draw_times, meanflow_loss, meanflow_target
+from vit5_sit.transport.meanflow import (
+    UNGUIDED,
+    MeanFlowConfig,
+    draw_guidance,
+    draw_times,
+    imf_target,
+    meanflow_loss,
+    meanflow_target,
+)
 
 
 @dataclass
@@ -57,8 +65,11 @@ class Trainee(nn.Module):
         super().__init__()
         self.model, self.projector, self.depth = model, projector, depth
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None):
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None,
+                guidance: torch.Tensor | None = None):
         kw = {} if interval is None else {"interval": interval}  # MeanFlow's second time
+        if guidance is not None:
+            kw["guidance"] = guidance  # iMF's guidance inputs
         if self.projector is None:
             return self.model(x_t, t, y, **kw), None
         out, hidden = self.model(x_t, t, y, return_hidden=(self.depth,), **kw)
@@ -112,6 +123,8 @@ def _bare_model(net: nn.Module) -> Denoiser:
 class MeanFlowObjective(Objective):
     """MeanFlow (`vit5_sit.transport.meanflow`): the network's average velocity U(x_t, t, d) regressed on the
     stop-gradient target v~ + d dU/dt, with the adaptive weight; guidance trained in when the config says so.
+    ``meanflow.variant=imf``: improved MeanFlow, the target v_g + d dU/dt of `imf_target` (the JVP along the
+    network's own velocity) and the guidance inputs drawn per sample and fed to the network.
 
     Draws, per step and for the whole global batch (like `Objective`): (t, d) (`draw_times`), noise, label
     dropout. The target's JVP and guidance passes run on the bare model without gradient; the prediction with
@@ -128,23 +141,33 @@ class MeanFlowObjective(Objective):
         self.cfg = cfg
 
     def draw(self, rng: StepRng, sample_shape: tuple[int, ...]):
-        """(t, d, noise, drop) of the micro-batch."""
+        """(t, d, noise, drop, guidance) of the micro-batch; guidance (b, 3) for iMF (`draw_guidance`, no guidance
+        where the label is dropped; drawn after the others, so MeanFlow's draws are unchanged), else None."""
         g = rng.generator()
         t, d = draw_times(rng.global_batch, self.cfg, generator=g)
         noise = torch.randn((rng.global_batch, *sample_shape), generator=g)
         drop = torch.rand(rng.global_batch, generator=g) < self.label_dropout
-        return t[rng.rows], d[rng.rows], noise[rng.rows], drop[rng.rows]
+        guidance = None
+        if self.cfg.imf:
+            guidance = torch.where(drop[:, None], torch.tensor(UNGUIDED), draw_guidance(d, self.cfg, generator=g))
+            guidance = guidance[rng.rows]
+        return t[rng.rows], d[rng.rows], noise[rng.rows], drop[rng.rows], guidance
 
     def __call__(self, net: nn.Module, batch: Batch, rng: StepRng) -> dict[str, torch.Tensor]:
         x1 = batch.x1
-        t, d, noise, drop = self.draw(rng, tuple(x1.shape[1:]))
+        t, d, noise, drop, guidance = self.draw(rng, tuple(x1.shape[1:]))
         if t.shape[0] != x1.shape[0]:
             raise ValueError(f"the batch has {x1.shape[0]} samples but the step's draw gives {t.shape[0]}")
         y = self.drop_labels(batch.y, drop)
         x0, t, d = noise.to(x1), t.to(x1), d.to(x1)
         x_t, v = self.transport.interpolate(x0, x1, t)  # linear path: x_t = t x1 + (1 - t) x0, v = x1 - x0
-        target = meanflow_target(_bare_model(net), x_t, t, d, y, v, drop.to(y.device), self.null_label, self.cfg)
-        pred, projected = net(x_t, t, y, interval=d)
+        if guidance is None:
+            target = meanflow_target(_bare_model(net), x_t, t, d, y, v, drop.to(y.device), self.null_label, self.cfg)
+            pred, projected = net(x_t, t, y, interval=d)
+        else:  # iMF: ||U - sg(v_g + d dU/dt)||^2 = ||V - v_g||^2, V = U - d sg(dU/dt)
+            guidance = guidance.to(x1)
+            target = imf_target(_bare_model(net), x_t, t, d, y, v, guidance, self.null_label)
+            pred, projected = net(x_t, t, y, interval=d, guidance=guidance)
         weighted, mse = meanflow_loss(pred, target, self.cfg)
         loss = weighted.mean()
         terms = {"loss": loss, "mse": mse.mean(), "target": target.float().square().mean().sqrt()}

@@ -17,6 +17,14 @@ and at d = 0 it is the instantaneous velocity (a flow model). The MeanFlow ident
 
 the paper's u = v - (t - r) du/dt, tangent (v, 0, 1) in (z, r, t), after the mapping. One-step sampling:
 x1 = x0 + U(x0, 0, 1); k steps on the uniform grid t_i = i / k: x_{t_{i+1}} = x_{t_i} + (t_{i+1} - t_i) U.
+
+Improved MeanFlow (iMF, Geng et al. 2025, arXiv 2512.02012; ``meanflow.variant=imf``) regresses the compound
+function V = U - d sg(dU/dt) on the (guided) instantaneous velocity, with the JVP taken along the network's own
+velocity prediction U(x_t, t, 0) instead of the sample's x1 - x0: in our time the paper's
+V = u + (t - r) sg(du/dt). The squared error ||V - v_g||^2 is ||U - sg(v_g + d dU/dt)||^2, so the one loss
+function serves both; what changes is the tangent, and with it the target's variance. The guidance scale w and
+the interval [low, high] (our t) where it acts are network inputs (`guidance_inputs`), drawn per sample in
+training, so the guidance of a one-step model is chosen at sampling time, one pass per image.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+VARIANTS = ("meanflow", "imf")          # meanflow.variant: MeanFlow (2505.13447) | improved MeanFlow (2512.02012)
+IMF_INTERVAL_SPLIT = 0.5                # iMF's training interval ends: low ~ U(0, split), high ~ U(split, 1)
+UNGUIDED = (1.0, 0.0, 1.0)              # guidance inputs (scale, low, high) that mean no guidance
 
 
 @dataclass
@@ -41,6 +53,10 @@ class MeanFlowConfig:
     guidance_mix: float = 0.0              # the paper's kappa: share of the model's own conditional output
     guidance_interval: list[float] = field(default_factory=lambda: [0.0, 1.0])  # our t where guidance is
                                            # trained in (the paper's XL/2 [0, 0.75] in its t is [0.25, 1] here)
+    variant: str = "meanflow"              # 'meanflow' | 'imf': improved MeanFlow (the loss on the velocity, the
+                                           # JVP along the network's velocity, guidance scale and interval inputs)
+    guidance_range: list[float] = field(default_factory=lambda: [1.0, 8.0])  # imf: the guidance scales drawn in
+                                           # training, log-uniform on [LOW, HIGH] (official code: [1, 1 + 7])
 
     def __post_init__(self) -> None:
         def number(name, lo, hi, lo_open=False, hi_open=False):
@@ -63,10 +79,34 @@ class MeanFlowConfig:
                 or not 0.0 <= iv[0] <= iv[1] <= 1.0):
             raise ValueError(f"meanflow.guidance_interval={iv!r}: expected [LOW, HIGH] with 0 <= LOW <= HIGH <= 1 "
                              "(t: 0 = noise, 1 = data)")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"meanflow.variant={self.variant!r}: must be one of {', '.join(VARIANTS)}")
+        gr = self.guidance_range
+        if (not isinstance(gr, list | tuple) or len(gr) != 2
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in gr)
+                or not 1.0 <= gr[0] <= gr[1] <= 100.0):
+            raise ValueError(f"meanflow.guidance_range={gr!r}: expected [LOW, HIGH] with 1 <= LOW <= HIGH <= 100 "
+                             "(guidance scales; 1 = none)")
+        if self.imf:
+            trained_in = [f"meanflow.{k}={getattr(self, k)!r}" for k, default in
+                          (("guidance_scale", 1.0), ("guidance_mix", 0.0), ("guidance_interval", [0.0, 1.0]))
+                          if getattr(self, k) != default]
+            if trained_in:
+                raise ValueError(f"{', '.join(trained_in)} with meanflow.variant=imf: iMF takes the guidance scale "
+                                 "and interval as inputs, drawn in training from meanflow.guidance_range; drop "
+                                 f"{'it' if len(trained_in) == 1 else 'them'}")
+        elif list(gr) != [1.0, 8.0]:
+            raise ValueError(f"meanflow.guidance_range={gr!r}: no effect with meanflow.variant=meanflow (it trains "
+                             "one scale in: meanflow.guidance_scale); drop it or set meanflow.variant=imf")
 
     @property
     def guided(self) -> bool:
+        """Guidance trained in (MeanFlow's one scale)."""
         return float(self.guidance_scale) != 1.0
+
+    @property
+    def imf(self) -> bool:
+        return self.variant == "imf"
 
 
 def draw_times(n: int, cfg: MeanFlowConfig, generator: torch.Generator | None = None
@@ -118,6 +158,64 @@ def meanflow_target(model, x_t: torch.Tensor, t: torch.Tensor, d: torch.Tensor, 
                                 y[moving])
             target = target.clone()
             target[moving] = vs + ds.view(-1, *[1] * (vs.ndim - 1)) * dudt.to(vs.dtype)
+    return target
+
+
+def guidance_inputs(n: int, scale: float | torch.Tensor = 1.0, interval: tuple[float, float] = (0.0, 1.0),
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """(n, 3): the guidance inputs (scale w, low, high) of an iMF network (``Denoiser(..., guidance=)``): w acts
+    for t in [low, high] (our t: 0 = noise, 1 = data); w = 1 is no guidance. ``scale``: a number or (n,)."""
+    w = torch.as_tensor(scale, dtype=torch.float32, device=device).expand(n)
+    lo = torch.full((n,), float(interval[0]), device=device)
+    return torch.stack([w, lo, torch.full_like(lo, float(interval[1]))], dim=1)
+
+
+def draw_guidance(d: torch.Tensor, cfg: MeanFlowConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """iMF's training draw of the guidance inputs, (n, 3) for the intervals d (n,): w log-uniform on
+    ``cfg.guidance_range`` (the official code's power law with beta = 1); the interval ends low ~ U(0, 0.5) and
+    high ~ U(0.5, 1), the whole of [0, 1] where d = 0 (the paper's t_min, t_max: the same law in our time)."""
+    n = d.shape[0]
+    lo_w, hi_w = (float(v) for v in cfg.guidance_range)
+    w = lo_w * (hi_w / lo_w) ** torch.rand(n, generator=generator)
+    low = IMF_INTERVAL_SPLIT * torch.rand(n, generator=generator)
+    high = IMF_INTERVAL_SPLIT + (1 - IMF_INTERVAL_SPLIT) * torch.rand(n, generator=generator)
+    flow = d == 0
+    return torch.stack([w, torch.where(flow, 0.0, low), torch.where(flow, 1.0, high)], dim=1)
+
+
+def imf_target(model, x_t: torch.Tensor, t: torch.Tensor, d: torch.Tensor, y: torch.Tensor, v: torch.Tensor,
+               guidance: torch.Tensor, null_label: int) -> torch.Tensor:
+    """sg(v_g + d dU/dt) for each sample, without gradient: iMF's target for U, i.e. V = U - d sg(dU/dt)
+    regressed on v_g. ``y``: the labels after dropout; ``guidance`` (n, 3): (w, low, high), `UNGUIDED` for dropped
+    labels. The network's own instantaneous predictions (d = 0, no interval: (w', 0, 1)) give
+    - the conditional v_c at w' = w where t is in [low, high], else 1, and the unconditional v_u (w' = 1);
+    - the guided field v_g = v + (1 - 1/w') (v_c - v_u) (v where w' = 1: dropped labels, t outside the interval);
+    - the JVP's tangent (v_c, 1, -1) in (x, t, d) (MeanFlow's is (v, 1, -1)), over the samples with d > 0.
+    ``model``: the bare `Denoiser` (it has `jvp`)."""
+    with torch.no_grad():
+        w, low, high = guidance.unbind(1)
+        w_now = torch.where((t >= low) & (t <= high), w, torch.ones_like(w)).to(t)
+        zero = torch.zeros_like(t)
+        need = ((d > 0) | (w_now != 1)).nonzero(as_tuple=True)[0]
+        target, tangent = v.clone(), v.clone()
+        if len(need):
+            xs, ts, wn = x_t[need], t[need], w_now[need]
+            v_c = model(xs, ts, y[need], interval=zero[need], guidance=guidance_inputs(len(need), wn, device=xs.device))
+            tangent[need] = v_c.to(v.dtype)
+            guide = (wn != 1).nonzero(as_tuple=True)[0]
+            if len(guide):
+                xg, tg, wg = xs[guide], ts[guide], wn[guide]
+                v_u = model(xg, tg, torch.full_like(y[need][guide], null_label), interval=zero[need][guide],
+                            guidance=guidance_inputs(len(guide), 1.0, device=xg.device))
+                scale = (1 - 1 / wg).view(-1, *[1] * (v.ndim - 1))
+                target[need[guide]] = (v[need[guide]] + scale * (v_c[guide] - v_u)).to(v.dtype)
+        moving = (d > 0).nonzero(as_tuple=True)[0]
+        if len(moving):
+            ds = d[moving]
+            _, dudt = model.jvp((x_t[moving], t[moving], ds),
+                                (tangent[moving], torch.ones_like(ds), -torch.ones_like(ds)), y[moving],
+                                guidance=guidance[moving])
+            target[moving] = target[moving] + ds.view(-1, *[1] * (v.ndim - 1)) * dudt.to(v.dtype)
     return target
 
 

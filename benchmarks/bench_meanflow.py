@@ -11,6 +11,13 @@ the MeanFlow runs' step budget is set from: equal training CPU time, not equal s
     python benchmarks/bench_meanflow.py --presets SiT-XL/2 ViT5G-XL/2 --input-size 32 --channels 4 \\
         --batch-size 32 --bf16 --compile   # GPU (benchmarks/run_gpu.sh)
 
+``--compare-compile``: eager against ``torch.compile`` (``nn.Module.compile``, as ``train.compile=true``) for each
+objective instead, interleaved, with the time the first steps took (compiling; the JVP target, the guidance pass
+and the training forward are separate graphs, and the JVP's batch size changes from step to step):
+
+    python benchmarks/bench_meanflow.py --compare-compile --presets ViT5G-T/4 --input-size 16 --batch-size 32 \
+        --threads 1 --iters 5
+
 ``--sampling``: the two bundled demos instead, 100 images each (10 classes x 10, seeds 0-99), with each model's
 own default sampler and guidance (the flow demo: ODE Euler 6 steps, guidance 6 = 12 network passes an image; the
 one-step demo: 1 pass), interleaved, the median of --iters rounds:
@@ -38,11 +45,12 @@ from vit5_sit.transport import MeanFlowConfig, Transport, TransportConfig  # noq
 WARMUP = 2
 
 
-def build(name: str, objective: str, args: argparse.Namespace):
+def build(name: str, objective: str, args: argparse.Namespace, compiled: bool | None = None):
+    """(net, optimizer, objective) for one preset; ``compiled`` None = ``--compile``."""
     torch.manual_seed(0)
     model = create_model(name, input_size=args.input_size, in_channels=args.channels, num_classes=args.classes,
                          mean_flow=objective == "meanflow").to(args.device).train()
-    if args.compile:
+    if args.compile if compiled is None else compiled:
         model.compile()
     net = Trainee(model)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sampling", action="store_true", help="time the two bundled demos' sampling instead")
+    p.add_argument("--compare-compile", action="store_true",
+                   help="eager against torch.compile, for each objective, instead of MeanFlow against flow")
     args = p.parse_args(argv)
     if args.sampling:
         if args.threads:
@@ -91,25 +101,52 @@ def main(argv: list[str] | None = None) -> None:
     g = torch.Generator().manual_seed(0)
     x1 = torch.randn(args.batch_size, args.channels, args.input_size, args.input_size, generator=g)
     batch = Batch(x1.to(args.device), torch.randint(0, args.classes, (args.batch_size,), generator=g).to(args.device))
+    mode = "eager and compiled" if args.compare_compile else "compiled" if args.compile else "eager"
     print(f"device {args.device}, threads {torch.get_num_threads()}, batch {args.batch_size}, "
           f"{args.input_size}x{args.input_size}x{args.channels}, guidance {args.guidance:g}, "
-          f"{'bf16' if args.bf16 else 'fp32'}, {'compiled' if args.compile else 'eager'}, {args.iters} steps each")
+          f"{'bf16' if args.bf16 else 'fp32'}, {mode}, {args.iters} steps each")
+    if args.compare_compile:
+        return compare_compile(batch, args)
     print("| preset | flow ms/step | MeanFlow ms/step | ratio (wall) | flow CPU ms | MeanFlow CPU ms | ratio (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for name in args.presets:
         runs = {k: build(name, k, args) for k in ("flow", "meanflow")}
-        wall: dict[str, list[float]] = {k: [] for k in runs}
-        cpu: dict[str, list[float]] = {k: [] for k in runs}
-        for i in range(WARMUP + args.iters):
-            for k, (net, opt, obj) in runs.items():
-                w0, c0 = time.perf_counter(), time.process_time()
-                step(net, opt, obj, batch, i, args)
-                if i >= WARMUP:
-                    wall[k].append(1000 * (time.perf_counter() - w0))
-                    cpu[k].append(1000 * (time.process_time() - c0))
+        wall, cpu, _ = timed(runs, batch, args)
         fw, mw = statistics.median(wall["flow"]), statistics.median(wall["meanflow"])
         fc, mc = statistics.median(cpu["flow"]), statistics.median(cpu["meanflow"])
         print(f"| {name} | {fw:.0f} | {mw:.0f} | {mw / fw:.2f}x | {fc:.0f} | {mc:.0f} | {mc / fc:.2f}x |", flush=True)
+
+
+def timed(runs: dict, batch: Batch, args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """Interleaved steps of ``runs``: (wall ms, CPU ms of the timed steps, wall s of the WARMUP steps) per run."""
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    warm = dict.fromkeys(runs, 0.0)
+    for i in range(WARMUP + args.iters):
+        for k, (net, opt, obj) in runs.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            step(net, opt, obj, batch, i, args)
+            if i >= WARMUP:
+                wall[k].append(1000 * (time.perf_counter() - w0))
+                cpu[k].append(1000 * (time.process_time() - c0))
+            else:
+                warm[k] += time.perf_counter() - w0
+    return wall, cpu, warm
+
+
+def compare_compile(batch: Batch, args: argparse.Namespace) -> None:
+    """Eager against compiled, each objective, each preset: one table row per (preset, objective)."""
+    print("| preset | objective | eager ms/step | compiled ms/step | speed-up (wall) | eager CPU ms | compiled CPU ms "
+          f"| first {WARMUP} steps, eager / compiled s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.presets:
+        for objective in ("flow", "meanflow"):
+            runs = {mode: build(name, objective, args, compiled=mode == "compiled") for mode in ("eager", "compiled")}
+            wall, cpu, warm = timed(runs, batch, args)
+            ew, cw = statistics.median(wall["eager"]), statistics.median(wall["compiled"])
+            ec, cc = statistics.median(cpu["eager"]), statistics.median(cpu["compiled"])
+            print(f"| {name} | {objective} | {ew:.0f} | {cw:.0f} | {ew / cw:.2f}x | {ec:.0f} | {cc:.0f} | "
+                  f"{warm['eager']:.1f} / {warm['compiled']:.1f} |", flush=True)
 
 
 def sampling(args: argparse.Namespace) -> None:

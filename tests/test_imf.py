@@ -234,6 +234,30 @@ def test_guidance_inputs_start_neutral_then_one_model_gives_two_outputs():
     assert not torch.allclose(five, model(x, t, y, interval=d, guidance=strong))  # the interval is an input too
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_one_model_samples_at_the_guidance_chosen_at_sampling_time(steps):
+    from vit5_sit.transport.meanflow import meanflow_sample, with_guidance
+
+    model = _imf_model()
+    noise, y = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0])
+    calls = []
+
+    def counted(fn):
+        def inner(*args, **kwargs):
+            calls.append(args[0].shape[0])
+            return fn(*args, **kwargs)
+        return inner
+
+    with torch.no_grad():
+        samples = {w: meanflow_sample(counted(with_guidance(model, w, (0.0, 0.7))), noise, y, steps)
+                   for w in (1.0, 4.0)}
+        plain = meanflow_sample(model, noise, y, steps)
+        unguided = meanflow_sample(with_guidance(model, 1.0), noise, y, steps)
+    assert calls == [4] * 2 * steps  # one pass of the batch per step, whatever the scale
+    assert torch.equal(unguided, plain)  # scale 1 on [0, 1]: the model without guidance inputs
+    assert (samples[4.0] - samples[1.0]).abs().max() > 1e-3
+
+
 def test_jvp_with_guidance_inputs_matches_finite_differences():
     model = _imf_model()
     g = torch.Generator().manual_seed(1)

@@ -232,6 +232,16 @@ def meanflow_grid(steps: int) -> list[float]:
     return [i / steps for i in range(steps + 1)]
 
 
+def with_guidance(model, scale: float, guidance_interval: tuple[float, float] = (0.0, 1.0)):
+    """An iMF network (``cfg.guidance_input``) as `meanflow_sample`'s ``model_fn``, guided at sampling time: each
+    call passes the guidance inputs (``scale``, acting for t in ``guidance_interval``, our t) to the network, one
+    pass per step and no unconditional pass. Scale 1 is the unguided model."""
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None):
+        guidance = guidance_inputs(x.shape[0], scale, guidance_interval, device=x.device)
+        return model(x, t, y, interval=interval, guidance=guidance)
+    return model_fn
+
+
 def meanflow_sample(model_fn, noise: torch.Tensor, y: torch.Tensor, steps: int) -> torch.Tensor:
     """x1 from noise x0 in ``steps`` network evaluations: x_{t+d} = x_t + d U(x_t, t, d) on the uniform grid.
     ``model_fn(x, t, y, interval=d)`` is the network or a guided wrapper; one call per step."""

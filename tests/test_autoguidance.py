@@ -240,3 +240,36 @@ def test_compare_guide_errors_name_the_problem(run, spec, message):
 
     with pytest.raises(compare.CompareError, match=message):
         compare.CompareSettings(guide=spec).guide_path(run)
+
+
+def test_sample_py_takes_the_model_folders_guide_as_the_pipeline_does(tmp_path):
+    """A model folder carrying guide/: sample.py uses it by default (= Vit5SitPipeline.from_pretrained), and
+    --guide none samples with classifier-free guidance instead."""
+    import numpy as np
+
+    from vit5_sit.config import load_config
+    from vit5_sit.pipeline import Vit5SitPipeline
+
+    cfg = load_config(None, ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+                             "data.kind=mnist", "data.resolution=8", "sampler.steps=2"])
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        m = create_model(cfg.model_config())
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        models.append(m.eval())
+    folder = Vit5SitPipeline(models[0], cfg, guide=models[1]).save_pretrained(tmp_path / "guided")
+    pipe = Vit5SitPipeline.from_pretrained(folder)  # the folder's guide/ comes back as the pipeline's guide
+    assert pipe.guide is not None
+    transport = Transport(pipe.config.transport)
+    want = sample_images(pipe.model, transport, pipe.config.sampler, [3, 4], [0, 1], cfg_scale=2.0, guide=pipe.guide)
+    plain = sample_images(pipe.model, transport, pipe.config.sampler, [3, 4], [0, 1], cfg_scale=2.0)
+    sample = _sample()
+    common = ["--ckpt", folder, "--cfg-scale", 2, "--classes", "3,4", "--num-samples", 2, "--no-progress"]
+    assert sample.main([str(a) for a in [*common, "--out", tmp_path / "a.npz"]]) == 0
+    assert sample.main([str(a) for a in [*common, "--guide", "none", "--out", tmp_path / "b.npz"]]) == 0
+    assert np.array_equal(np.load(tmp_path / "a.npz")["arr_0"], want)
+    assert np.array_equal(np.load(tmp_path / "b.npz")["arr_0"], plain)
+    assert not np.array_equal(want, plain)

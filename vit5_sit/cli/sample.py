@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--guide", metavar="PATH", type=path_text, default=None,
         help="autoguidance: a bad version of the model (a run, checkpoint or model folder, or Hub repo id, trained "
              "on the same data and classes with the same objective, e.g. an early checkpoint of the same run; "
-             "auto: the guide the --ckpt run kept, train.guide_at); --cfg-scale is then its weight w: "
-             "guide + w (model - guide), within --guidance-interval (default: none, classifier-free guidance)")
+             "auto: the guide the --ckpt model folder carries or its run kept, train.guide_at; none: "
+             "classifier-free guidance); --cfg-scale is then its weight w: guide + w (model - guide), within "
+             "--guidance-interval (default: the model folder's guide/ if it carries one, else none)")
     arg("--sampler", choices=("ode", "sde", "meanflow"), default=None,
         help="default: the run config's, else ode; meanflow: a MeanFlow model's average-velocity steps (the "
              "only sampler of those models, 1 step = 1 network call by default)")
@@ -196,31 +197,48 @@ def load_model(args) -> Loaded:
     return Loaded(model, cfg, path, official, factor, input_size)
 
 
-def load_guide(args, loaded: Loaded) -> Loaded | None:
-    """The autoguidance guide of ``--guide`` (None without it), checked against the model before any sampling:
-    one error naming the difference (data shape, classes, kind, transport)."""
-    if args.guide is None:
-        return None
-    from vit5_sit.hub.model_files import ModelLoadError, kept_guide, load_for_sampling, local_model_path
-    from vit5_sit.transport import GuidanceError, check_guide
+def folder_guide(loaded: Loaded) -> Path | None:
+    """The guide a model folder carries (``guide/``, as `Vit5SitPipeline.from_pretrained` takes it), else None."""
+    from vit5_sit.hub.guide import is_guide_folder
+    from vit5_sit.hub.layout import GUIDE_FOLDER
 
+    folder = loaded.path / GUIDE_FOLDER
+    return folder if not loaded.official and loaded.path.is_dir() and is_guide_folder(folder) else None
+
+
+def load_guide(args, loaded: Loaded):
+    """The autoguidance guide (a Denoiser), or None: ``--guide PATH``, ``auto`` (the guide the model folder carries,
+    else the one the run kept, train.guide_at), ``none``; without the flag, the model folder's guide if it carries
+    one, as the pipeline does. Checked against the model before any sampling: one error naming the difference."""
+    from vit5_sit.hub.guide import load_guide as load
+    from vit5_sit.hub.model_files import ModelLoadError, kept_guide, local_model_path
+    from vit5_sit.transport import GuidanceError
+
+    spec = args.guide
+    if spec == "none" or (spec is None and folder_guide(loaded) is None):
+        args.guide = None
+        return None
     if args.guide_channels is not None:
         raise UsageError(f"--guide-channels {args.guide_channels}: the official scripts' channel subset is for "
-                         "classifier-free guidance; leave it out with --guide")
+                         "classifier-free guidance; leave it out with a guide (--guide none: no guide)")
+    if loaded.cfg is None:
+        raise UsageError(f"--guide {spec}: autoguidance is for our models; an official .pt file has no config "
+                         "to check a guide against")
     try:
-        path = kept_guide(loaded.path) if args.guide == "auto" else local_model_path(args.guide)
-        if not path.exists():
-            raise ModelLoadError(f"no such file or folder: {path}")
-        if path.is_file():
-            raise ModelLoadError(f"{path}: a guide is one of our run, checkpoint or model folders (or a Hub repo "
-                                 "id), not an official .pt file")
-        model, cfg = load_for_sampling(path, device="cpu")
-        main_transport = loaded.cfg.transport if loaded.cfg is not None else None
-        check_guide(loaded.model.cfg, model.cfg, main_transport, cfg.transport)
+        if spec is None or spec == "auto":
+            path = folder_guide(loaded) or kept_guide(loaded.path)
+        else:
+            path = local_model_path(spec)
+            if not path.exists():
+                raise ModelLoadError(f"no such file or folder: {path}")
+            if path.is_file():
+                raise ModelLoadError(f"{path}: a guide is one of our run, checkpoint or model folders (or a Hub "
+                                     "repo id), not an official .pt file")
+        guide = load(path, loaded.cfg)
     except (ModelLoadError, GuidanceError, ValueError, FileNotFoundError) as e:
         raise UsageError(f"--guide: {e}") from None
-    args.guide = str(path)  # 'auto' resolved: what the log line and an .npz manifest name
-    return Loaded(model, cfg, path, False, loaded.factor, loaded.input_size)
+    args.guide = str(path)  # resolved: what the log line and an .npz manifest name
+    return guide
 
 
 def sampler_config(args, cfg, model_cfg=None):
@@ -343,7 +361,7 @@ def _run(args, grid: bool) -> int:
     if args.guide_channels is not None and args.guide_channels > mcfg.in_channels:
         raise UsageError(f"--guide-channels {args.guide_channels}: the model has {mcfg.in_channels} channels")
     sampler = sampler_config(args, loaded.cfg, mcfg)
-    if args.cfg_scale is None and args.guide is not None:
+    if args.cfg_scale is None and args.guide not in (None, "none", "auto"):
         raise UsageError(f"--guide {args.guide}: give its weight with --cfg-scale W (guide + W (model - guide); "
                          "1 = the model alone; 1.5-3 is the usual range)")
     if args.cfg_scale is None:
@@ -378,7 +396,7 @@ def _run(args, grid: bool) -> int:
         guidance_interval=tuple(args.guidance_interval), guide_channels=args.guide_channels,
         trained_guidance=trained)
     if guide is not None:
-        common["guide"] = guide.model
+        common["guide"] = guide
     if scheduler is not None:  # grids only (check_flags)
         common["scheduler"] = scheduler
     classes = classes_for(args, mcfg.num_classes, grid)
@@ -395,7 +413,8 @@ def _run(args, grid: bool) -> int:
     guidance = f"autoguidance {args.cfg_scale:g}" if guide is not None else f"cfg {args.cfg_scale:g}"
     what = f"{size}x{size}, {name}{steps}, {guidance}"
     source = sampler_source(args, loaded.cfg) if scheduler is None else "--scheduler"
-    dist.print0(f"sampler {name}{steps} ({source}), {guidance}" + (f" (guide: {args.guide})" if guide else ""))
+    shown_guide = f" (guide: {args.guide})" if guide is not None else ""
+    dist.print0(f"sampler {name}{steps} ({source}), {guidance}{shown_guide}")
     start = time.perf_counter()
     try:
         if grid:
@@ -481,6 +500,19 @@ def write_grid(args, loaded: Loaded, transport, sampler, classes: list[int], com
                 Image.fromarray(image).save(tmp, format="PNG")
 
 
+def guide_identity(path: Path) -> dict:
+    """What a guide was loaded from, for an .npz manifest: a run, checkpoint or model folder as `model_identity`
+    names it; a model folder's guide/ by its weights' sha256."""
+    from vit5_sit.common.utils import file_digest
+    from vit5_sit.hub.guide import is_guide_folder
+    from vit5_sit.hub.model_files import model_identity
+
+    if is_guide_folder(path):
+        weights = path / "diffusion_pytorch_model.safetensors"
+        return {"weights": f"{path.name}/{weights.name}", "sha256": file_digest(weights)}
+    return model_identity(path)
+
+
 def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], common: dict) -> int:
     from vit5_sit.hub.model_files import model_identity
     from vit5_sit.sampling.generate import manifest_path, sample_to_npz
@@ -488,7 +520,7 @@ def write_npz(args, loaded: Loaded, transport, sampler, classes: list[int], comm
     num_samples = args.num_samples or NPZ_DEFAULT_SAMPLES
     identity = {**model_identity(loaded.path, args.preset), "input_size": loaded.input_size}
     if "guide" in common:  # samples of another guide are never mixed in
-        common = {**common, "guide_identity": model_identity(args.guide)}
+        common = {**common, "guide_identity": guide_identity(Path(args.guide))}
     done = manifest_path(args.out)
     before = done.stat().st_mtime_ns if done.is_file() else None
     out = sample_to_npz(loaded.model, transport, sampler, args.out, num_samples=num_samples, classes=classes,

@@ -1,4 +1,5 @@
-"""Multi-arm, multi-seed ablation studies (`python -m vit5_sit.study`): spec, runner, report."""
+"""Multi-arm, multi-seed ablation studies (`python -m vit5_sit.study`): spec, runner, report; figures (a cell of a
+study.json, as pages quote it)."""
 
 from .report import aggregate, component_deltas, decide, mean_sd, sampling_noise, write_report
 from .runner import evaluate_all, status, train_all

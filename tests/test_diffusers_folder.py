@@ -89,7 +89,7 @@ OUTSIDE = textwrap.dedent("""
         for t in sched.timesteps:
             x = sched.step(model(x, t.expand(2), y), t, x).prev_sample
     np.save(f"{out}/loop.npy", x.numpy())
-    half = DiffusionPipeline.from_pretrained(folder, trust_remote_code=True, torch_dtype=torch.bfloat16)
+    half = DiffusionPipeline.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16)
     half.set_progress_bar_config(disable=True)
     images = half(class_labels=[3, 7], seed=0, output_type="np").images
     result["bf16"] = [str(half.transformer.dtype), list(images.shape), bool(np.isfinite(images).all())]
@@ -220,3 +220,65 @@ def test_one_step_demo_folder_loads_in_diffusers_without_the_package(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     for name, kwargs in calls.items():
         assert np.array_equal(_ours(pipe, kwargs), np.load(out / f"{name}.npy")), name
+
+
+def test_folder_with_a_guide_and_bad_inputs_without_the_package(tmp_path):
+    """#53 / #52 from outside: a tiny model saved with a guide, loaded by diffusers where vit5_sit cannot be imported:
+    the guided images equal Vit5SitPipeline's bit for bit, every bad input is one ValueError (nothing hangs), dopri5
+    without torchdiffeq is one ImportError naming it, and save_pretrained writes a folder that loads again and gives
+    the same images."""
+    from vit5_sit.config import load_config
+    from vit5_sit.models import create_model
+
+    cfg = load_config(None, ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+                             "data.kind=mnist", "data.resolution=8", "sampler.steps=2"])
+    torch.manual_seed(0)
+    model, guide = create_model(cfg.model_config()), create_model(cfg.model_config())
+    with torch.no_grad():
+        for p in (*model.parameters(), *guide.parameters()):
+            p.add_(torch.randn_like(p) * 0.05)
+    pipe = Vit5SitPipeline(model, cfg, guide=guide)
+    pipe.set_progress_bar_config(disable=True)
+    folder = pipe.save_pretrained(tmp_path / "guided")
+    script = textwrap.dedent("""
+        import numpy as np, torch
+        from diffusers import DiffusionPipeline
+        folder, out = sys.argv[1], sys.argv[2]
+        pipe = DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)
+        pipe.set_progress_bar_config(disable=True)
+        np.save(f"{out}/guided.npy", pipe([0, 7], seed=2, guidance_scale=2.0, output_type="np").images)
+        bad = [dict(class_labels=[1, 2], num_images_per_prompt=10**12), dict(class_labels=[1], batch_size=0),
+               dict(class_labels=[1.5]), dict(class_labels=torch.tensor([1.7])),
+               dict(class_labels=torch.tensor([True])),
+               dict(class_labels=[1], return_dict="no"), dict(class_labels=range(10**12)),
+               dict(class_labels=[1], guidance_scale=float("inf")), dict(class_labels=[1], method="nope")]
+        errors = []
+        for kwargs in bad:
+            try:
+                pipe(**kwargs)
+                errors.append("accepted")
+            except ValueError as e:
+                errors.append(str(e))
+        assert np.int64(3) is not None and pipe(np.int64(3), seed=0, output_type="np").images.shape == (1, 8, 8, 3)
+        try:  # torchdiffeq is blocked here, as in a Python with diffusers alone
+            pipe([1, 2], seed=0, method="dopri5", output_type="np")
+            errors.append("dopri5 ran")
+        except ImportError as e:
+            errors.append(str(e))
+        pipe.save_pretrained(f"{out}/saved")
+        again = DiffusionPipeline.from_pretrained(f"{out}/saved", trust_remote_code=True)
+        again.set_progress_bar_config(disable=True)
+        np.save(f"{out}/again.npy", again([0, 7], seed=2, guidance_scale=2.0, output_type="np").images)
+        print(json.dumps(errors))
+    """)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_without_package(script, [str(folder), str(out)], out)
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "accepted" not in errors and all("\n" not in e for e in errors), errors
+    for error, word in zip(errors, ["num_images_per_prompt", "batch_size", "1.5", "1.70", "True", "return_dict",
+                                    "class labels", "guidance_scale", "nope", "pip install torchdiffeq"]):
+        assert word in error, (word, error)
+    want = pipe([0, 7], seed=2, guidance_scale=2.0, output_type="np").images
+    assert np.array_equal(np.load(out / "guided.npy"), want)
+    assert np.array_equal(np.load(out / "again.npy"), want)

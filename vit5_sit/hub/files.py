@@ -21,7 +21,7 @@ CARD_FILE = "README.md"
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.png"  # a sample grid that the card shows, when the folder has one
 # diffusers' layout beside ours (vit5_sit.hub.layout): the pipeline index, code and component folders
-DIFFUSERS_FILES = ("model_index.json", "pipeline_vit5_sit.py", "transformer/*", "scheduler/*", "vae/*")
+DIFFUSERS_FILES = ("model_index.json", "pipeline_vit5_sit*.py", "transformer/*", "scheduler/*", "vae/*", "guide/*")
 MODEL_FILES = (CONFIG_FILE, LEGACY_WEIGHTS_FILE, CARD_FILE, METRICS_FILE, SAMPLES_FILE,
                *DIFFUSERS_FILES)  # what is downloaded and uploaded (file names and patterns)
 LIBRARY_NAME = "vit5-sit"

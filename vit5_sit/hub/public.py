@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from vit5_sit.config import ExperimentConfig
 
 _WINDOWS_ABSOLUTE = re.compile(r"^(?:[A-Za-z]:[\\/]|\\\\)")
+_WORD = re.compile(r"[^\s=,;\"'`()\[\]]+")  # a word of a longer string, as a path in a command line is one
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".md", ".py", ".txt")  # the files of a folder `local_paths_in` reads
 
 
@@ -33,12 +34,18 @@ def is_local_path(text: str) -> bool:
     return ".." in re.split(r"[\\/]", text)
 
 
-def public_text(text: str) -> str:
-    """The string, or for a local path its last part (`is_local_path`)."""
-    if not is_local_path(text):
-        return text
+def _last_part(text: str) -> str:
     path = PureWindowsPath(text) if "\\" in text else PurePosixPath(text)
     return path.name or ""
+
+
+def public_text(text: str) -> str:
+    """The string with each local path in it (`is_local_path`: the whole string, or a word of it, as in a command
+    line ``eval_fid.py compare --reference /home/me/ref.npz``) replaced by its last part."""
+    if is_local_path(text):
+        return _last_part(text)
+    return _WORD.sub(lambda m: _last_part(m.group()) if len(m.group()) > 1 and is_local_path(m.group())
+                     else m.group(), text)
 
 
 def _public(value):

@@ -334,6 +334,23 @@ def test_one_step_demo_repa_and_layerscale_figures_are_the_record():
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The reports themselves: each committed study.md is what the report writes from its study.json today
+
+@pytest.mark.parametrize("spec_file", sorted((ROOT / "configs" / "study").glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_committed_report_is_its_records_report(spec_file, monkeypatch):
+    from vit5_sit.study.report import format_report, saved_rows
+    from vit5_sit.study.spec import load_study
+
+    monkeypatch.chdir(ROOT)  # the specs name their results folder relative to the repository
+    spec = load_study(spec_file)
+    results = Path(spec.results_dir)
+    assert (results / "study.json").is_file(), f"{spec_file.name}: no committed record in {results}"
+    rows = saved_rows(spec, results / "study.json", log=lambda *_: None)
+    command = f"python -m vit5_sit.study report {spec_file.relative_to(ROOT)}"
+    assert format_report(spec, rows) == (results / "study.md").read_text(), f"{results}/study.md: run {command}"
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The helper itself
 
 def test_cell_takes_every_seed_the_first_n_or_named_seeds_and_names_a_missing_one():

@@ -8,6 +8,7 @@ habits (scheduler swaps, save_pretrained, CPU offload without accelerate) work o
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -297,3 +298,24 @@ def test_the_pipeline_is_a_lazy_export_of_the_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "vit5_sit.pipeline"
+
+
+@pytest.mark.slow
+def test_demo_export_puts_a_guide_in_the_folder(tmp_path, capsys):
+    from vit5_sit.demo.export import main as demo_main
+    from vit5_sit.hub.files import BUNDLED_MODELS
+    from vit5_sit.hub.model_files import DEMO_MODEL
+
+    out = tmp_path / "with-guide"
+    assert demo_main(["export", str(DEMO_MODEL), "--out", str(out), "--no-samples", "--guide", str(DEMO_MODEL)]) == 0
+    assert all((out / "guide" / name).is_file() for name in ("config.json", "diffusion_pytorch_model.safetensors"))
+    index = json.loads((out / "model_index.json").read_text())
+    assert index["guide"] == index["transformer"] and (out / "guide" / f"{index['guide'][0]}.py").is_file()
+    assert Vit5SitPipeline.from_pretrained(out).guide is not None
+    capsys.readouterr()
+    wrong = tmp_path / "wrong"
+    assert demo_main(["export", str(DEMO_MODEL), "--out", str(wrong), "--no-samples", "--guide",
+                      str(BUNDLED_MODELS["demo-1step"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot guide this model" in err and "mean_flow" in err
+    assert not wrong.exists()  # refused before anything was written

@@ -49,7 +49,8 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                  dtype: torch.dtype | None = None,  # None = torch.float16 (half the size); official files: float32
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None, samples: bool = True, progress: bool = False,
-                 preset: str | None = None, image_size: int | None = None, vae=None) -> Path:
+                 preset: str | None = None, image_size: int | None = None, vae=None,
+                 guide: str | Path | None = None) -> Path:
     """Write ``out/config.yaml``, the weights (``transformer/diffusion_pytorch_model.safetensors``) with the rest
     of diffusers' layout, ``out/samples.png`` (``samples``: see `draw_samples`) and the card ``out/README.md``
     from a run, checkpoint or model folder, or an official ``.pt`` file (``repo_id``: the Hub repo the card's
@@ -62,9 +63,14 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for this model).
     ``preset``, ``image_size``, ``vae`` (a name, a folder or a loaded AutoencoderKL): official ``.pt`` files only
     (defaults SiT-XL/2, 256, stabilityai/sd-vae-ft-ema), see `export_official`; for our folders they are an error.
+    ``guide``: autoguidance's guide, written as the folder's ``guide/`` (a model, run or checkpoint folder, or
+    "auto": the guide the run kept, `vit5_sit.hub.model_files.kept_guide`), checked against the model first.
     """
     from vit5_sit.common.checks import ModelLoadError
 
+    if Path(run_or_ckpt).is_file() and guide is not None:
+        raise ModelLoadError("--guide: an official .pt file is exported alone; export it, then add a guide with "
+                             "Vit5SitPipeline.from_pretrained(folder, guide=...).save_pretrained(folder)")
     if Path(run_or_ckpt).is_file():
         return export_official(run_or_ckpt, out, preset=preset, image_size=image_size, vae=vae, dtype=dtype,
                                cfg_scale=cfg_scale, sampler=sampler, repo_id=repo_id, samples=samples,
@@ -88,10 +94,15 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     ema = read_weights(weights_file(folder))  # truncated or not safetensors: one line
     check_record(weights_file(folder), config_at_step(config_path, folder), folder)  # what the weights say they are
     vae = model_vae(folder, cfg) if cfg.data.kind == "latents" else None  # a model folder's own vae/ first
+    if guide is not None:  # checked against the model (data shape, classes, kind, transport) before writing
+        from vit5_sit.hub.guide import load_guide
+        from vit5_sit.hub.model_files import kept_guide
+
+        guide = load_guide(kept_guide(run_or_ckpt) if str(guide) == "auto" else guide, cfg)
     num_params = sum(v.numel() for v in ema.values())
     return write_export(
         out, lambda stage: write_model_folder(stage, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder),
-                                              repo_id=repo_id, vae=vae),
+                                              repo_id=repo_id, vae=vae, guide=guide),
         lambda: model_card(cfg, num_params, metrics, repo_id, has_samples=True),  # the card showing the grid
         samples=samples, progress=progress, sources=[folder])
 
@@ -255,12 +266,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--push", metavar="OWNER/NAME", default=None,
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
+    e.add_argument("--guide", type=path_text, default=None, metavar="PATH",
+                   help="autoguidance's guide, stored as the folder's guide/: a run, checkpoint or model folder of "
+                        "the same data, classes and kind, or 'auto' (the guide the run kept)")
     args = p.parse_args(argv)
     from vit5_sit.common.utils import check_choice
     from vit5_sit.config import ConfigError  # torch: imported after parsing, so --help is instant
     from vit5_sit.data.vae import VAELoadError
     from vit5_sit.hub.api import HubError, parse_repo_spec, push_folder, repo_id_problem
     from vit5_sit.models.presets import PRESETS
+    from vit5_sit.transport.guidance import GuidanceError
 
     if args.push is not None and (parse_repo_spec(args.push) is None or "@" in args.push):
         print(f"error: --push {args.push}: expected a Hub repo id OWNER/NAME, e.g. me/vit5-mnist", file=sys.stderr)
@@ -284,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push,
                            samples=not args.no_samples, progress=True, preset=args.preset,
-                           image_size=args.image_size, vae=args.vae)
-    except (ModelLoadError, ConfigError, VAELoadError) as err:
+                           image_size=args.image_size, vae=args.vae, guide=args.guide)
+    except (ModelLoadError, ConfigError, VAELoadError, GuidanceError) as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
         return 2
     except UsageError as err:  # the sample grid could not be drawn; the rest of the folder is written

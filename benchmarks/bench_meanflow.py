@@ -18,6 +18,8 @@ and the training forward are separate graphs, and the JVP's batch size changes f
     python benchmarks/bench_meanflow.py --compare-compile --presets ViT5G-T/4 --input-size 16 --batch-size 32 \
         --threads 1 --iters 5
 
+``--imf``: the MeanFlow column is improved MeanFlow's step (``meanflow.variant=imf``, the paper's ratio 0.5).
+
 ``--sampling``: the two bundled demos instead, 100 images each (10 classes x 10, seeds 0-99), with each model's
 own default sampler and guidance (the flow demo: ODE Euler 6 steps, guidance 6 = 12 network passes an image; the
 one-step demo: 1 pass), interleaved, the median of --iters rounds:
@@ -48,15 +50,18 @@ WARMUP = 2
 def build(name: str, objective: str, args: argparse.Namespace, compiled: bool | None = None):
     """(net, optimizer, objective) for one preset; ``compiled`` None = ``--compile``."""
     torch.manual_seed(0)
+    meanflow = objective == "meanflow"
     model = create_model(name, input_size=args.input_size, in_channels=args.channels, num_classes=args.classes,
-                         mean_flow=objective == "meanflow").to(args.device).train()
+                         mean_flow=meanflow, guidance_input=meanflow and args.imf).to(args.device).train()
     if args.compile if compiled is None else compiled:
         model.compile()
     net = Trainee(model)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     transport = Transport(TransportConfig())
     if objective == "meanflow":
-        obj = MeanFlowObjective(transport, model.null_label, 0.1, MeanFlowConfig(guidance_scale=args.guidance))
+        cfg = (MeanFlowConfig(variant="imf", ratio=0.5, adaptive_c=0.01) if args.imf  # the paper's values
+               else MeanFlowConfig(guidance_scale=args.guidance))
+        obj = MeanFlowObjective(transport, model.null_label, 0.1, cfg)
     else:
         obj = Objective(transport, model.null_label, 0.1)
     return net, opt, obj
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--channels", type=int, default=1)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--guidance", type=float, default=3.0, help="guidance trained in (1 = none)")
+    p.add_argument("--imf", action="store_true", help="the MeanFlow step is improved MeanFlow's (meanflow.variant=imf: "
+                   "guidance inputs, half the batch with d > 0; --guidance unused)")
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--bf16", action="store_true")
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     batch = Batch(x1.to(args.device), torch.randint(0, args.classes, (args.batch_size,), generator=g).to(args.device))
     mode = "eager and compiled" if args.compare_compile else "compiled" if args.compile else "eager"
     print(f"device {args.device}, threads {torch.get_num_threads()}, batch {args.batch_size}, "
-          f"{args.input_size}x{args.input_size}x{args.channels}, guidance {args.guidance:g}, "
+          f"{args.input_size}x{args.input_size}x{args.channels}, "
+          f"{'iMF (guidance an input)' if args.imf else f'guidance {args.guidance:g}'}, "
           f"{'bf16' if args.bf16 else 'fp32'}, {mode}, {args.iters} steps each")
     if args.compare_compile:
         return compare_compile(batch, args)

@@ -319,3 +319,13 @@ def test_demo_export_puts_a_guide_in_the_folder(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot guide this model" in err and "mean_flow" in err
     assert not wrong.exists()  # refused before anything was written
+
+
+def test_both_doors_take_the_keywords_of_the_contract():
+    import inspect
+
+    from vit5_sit.hub.components import Vit5SitDiffusersPipeline
+    from vit5_sit.sampling.call import PIPELINE_ARGS
+
+    for cls in (Vit5SitPipeline, Vit5SitDiffusersPipeline):
+        assert set(inspect.signature(cls.__call__).parameters) - {"self"} == set(PIPELINE_ARGS), cls

@@ -435,3 +435,14 @@ def test_console_entry_points_import_and_answer_help():
         with pytest.raises(SystemExit) as exit_:
             main(["--help"])
         assert exit_.value.code == 0
+
+
+def test_the_page_says_when_a_model_guides_with_its_own_guide(tmp_path):
+    """A model folder carrying autoguidance's guide/: the page's model line says the scale is autoguidance's."""
+    from vit5_sit.pipeline import Vit5SitPipeline
+
+    cfg = load_config(None, ["model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=32", "model.num_heads=2",
+                             "data.kind=mnist", "data.resolution=8"])
+    main, guide = (create_model(cfg.model_config()) for _ in range(2))
+    assert "autoguidance" not in demo_app.model_defaults(Vit5SitPipeline(main, cfg))["about"]
+    assert "autoguidance" in demo_app.model_defaults(Vit5SitPipeline(main, cfg, guide=guide))["about"]

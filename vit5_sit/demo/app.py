@@ -164,6 +164,9 @@ def model_defaults(pipe) -> dict:
     kind = f"latents via {cfg.data.vae}" if pipe.latent else "pixels"
     about = (f"**{cfg.name}**: `{cfg.model.preset}`, {params / 1e6:.2f}M parameters, {mcfg.num_classes} classes, "
              f"{cfg.data.resolution}px {kind}, {cfg.train.max_steps:,} training steps")
+    if getattr(pipe, "guide", None) is not None:  # the folder carries a guide: the scale weighs the model against it
+        about += ("; guidance is **autoguidance** with the guide the model folder carries (guide + scale x "
+                  "(model - guide))")
     return {"classes": text, "guidance": cfg.log.sample_cfg_scale, "sampler": cfg.sampler.mode,
             "method": cfg.sampler.method if cfg.sampler.method in METHODS else "euler",
             "steps": cfg.sampler.steps, "about": about}

@@ -40,3 +40,41 @@ def test_table_compares_each_cell_with_the_same_seeds_unguided():
     assert table[2].startswith("| none | 1 |") and "| 60.0 |  |" in table[2]
     assert any(line.startswith("| CFG | 3 |") and "| 45.0 | -25.0% |" in line for line in table)
     assert any(line.startswith("| auto (a) | 2 |") and "| -20.0% |" in line for line in table)
+
+
+# The figures the docs quote from the guidance frontier (docs/study/guidance/demo.json), written as
+# "`CELL`: FID-1K F (C%), D% of digits": each checked against the record, so none can drift.
+QUOTED = __import__("re").compile(r"`((?:cfg|auto:\w+)@[\d.]+(?:@[\d.]+-[\d.]+)?)`: FID-1K ([\d.]+) "
+                                  r"\(([-+][\d.]+)%\), ([\d.]+)% of digits")
+ROOT = Path(__file__).parents[1]
+RECORD = ROOT / "docs" / "study" / "guidance" / "demo.json"
+
+
+def _quotes():
+    for page in ("README.md", "docs/sampling.md", "docs/demo.md", "vit5_sit/assets/demo/README.md"):
+        for m in QUOTED.finditer((ROOT / page).read_text()):
+            yield page, m
+
+
+@pytest.mark.skipif(not RECORD.is_file(), reason="no guidance record committed yet (docs/study/guidance/demo.json)")
+def test_quoted_guidance_figures_match_the_record():
+    import json
+
+    rows = {r["cell"]: r for r in json.loads(RECORD.read_text())["rows"] if r["seed"] == 0}
+    quotes = list(_quotes())
+    assert len(quotes) >= 4, "the docs quote the frontier's default and its alternatives"
+    for page, m in quotes:
+        cell, fid, change, digits = m.group(1), float(m.group(2)), float(m.group(3)), float(m.group(4))
+        row = rows[cell]
+        base = rows["cfg@1"]["fid"]
+        assert (fid, change, digits) == (round(row["fid"], 1), round(100 * (row["fid"] / base - 1), 1),
+                                         round(100 * row["digit_accuracy"], 1)), f"{page}: {m.group(0)}"
+
+
+@pytest.mark.skipif(not RECORD.is_file(), reason="no guidance record committed yet (docs/study/guidance/demo.json)")
+def test_the_committed_table_is_the_records():
+    import json
+
+    rows = json.loads(RECORD.read_text())["rows"]
+    table = (ROOT / "docs" / "study" / "guidance" / "demo.md").read_text()
+    assert bench.table(rows) in table

@@ -319,7 +319,8 @@ def test_diffusers_habits_dtype_device_components_progress_bar(model_dir):
     pipe = Vit5SitPipeline.from_pretrained(model_dir)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.dtype == torch.float32 and pipe.device == torch.device("cpu")
-    assert set(pipe.components) == {"transformer", "scheduler", "vae"} and pipe.components["transformer"] is pipe.model
+    assert set(pipe.components) == {"transformer", "scheduler", "vae", "guide"}
+    assert pipe.components["transformer"] is pipe.model and pipe.components["guide"] is None
     assert pipe.transformer is pipe.model and pipe.components["vae"] is None  # a pixel model
     assert list(pipe.progress_bar(iterable=range(3))) == [0, 1, 2]
     with pipe.progress_bar(total=4) as bar:

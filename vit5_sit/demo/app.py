@@ -11,7 +11,7 @@ run, checkpoint, model folder or Hub repo; on another address it serves only --m
 --allow names (``--allow any`` lifts that), so a page reachable from the network cannot be made to read other
 folders of this machine or download arbitrary repos. Generation is `Vit5SitPipeline` (the
 images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
-model draws its 40-digit grid with its folder's sampler defaults (ODE Euler, 6 steps, guidance 6:
+model draws its 40-digit grid with its folder's sampler defaults (ODE Euler, 6 steps, guidance 2.5:
 6 network evaluations a batch) in the time ``python sample.py`` takes; fewer images per class or steps are
 quicker. A grid may take at most --max-evals
 network evaluations (images x evaluations, x 2 when guided; dopri5 is stopped past it), one grid is drawn at a
@@ -48,7 +48,7 @@ MAX_IMAGES = 256             # images per grid: the page (and its API) is a demo
 MAX_EVALS = 16_384           # image-evaluations of the network per grid (a guided one counts 2), adaptive solvers
 #                              included: 34x the demo's default grid (DEMO_GRID_EVALS); set when that grid was
 #                              SDE 50 steps (40 x 51 x 2 = 4,080), as 4x it
-DEMO_GRID = (10 * DEFAULT_PER_CLASS, 6, 2)  # the demo's default grid: 40 digits x Euler 6 steps x 2 (guidance 6);
+DEMO_GRID = (10 * DEFAULT_PER_CLASS, 6, 2)  # the demo's default grid: 40 digits x Euler 6 steps x 2 (guided);
 #                              tests/test_app.py checks it against vit5_sit/assets/demo/config.yaml
 DEMO_GRID_EVALS = math.prod(DEMO_GRID)
 MAX_QUEUE = 16               # calls waiting for the sampler; more are turned away ("queue is full")

@@ -223,8 +223,9 @@ def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...]
     if not overrides:
         return cfg
     base = to_dict(cfg)
-    base["model"].pop("mean_flow", None)  # derived from train.objective (written out only to be complete)
-    base["model"].pop("guidance_input", None)  # derived from meanflow.variant (likewise)
+    for key, source in (("mean_flow", "train.objective="), ("guidance_input", "meanflow.variant=")):
+        if any(str(o).startswith(source) for o in overrides):  # derived from the setting being changed: the
+            base["model"].pop(key, None)                       # override decides it (written out to be complete)
     return from_dict(_implied_sampler(_overridden(base, overrides), [to_dict(cfg), _override_layer(overrides)]))
 
 

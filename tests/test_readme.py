@@ -183,7 +183,7 @@ def test_readme_and_demo_recipe_name_the_demo_models_sampler():
 
     demo = yaml.safe_load((ROOT / "vit5_sit" / "assets" / "demo" / "config.yaml").read_text())
     sampler, scale = demo["sampler"], demo["log"]["sample_cfg_scale"]
-    said = re.search(r"\((ODE|SDE) (\w+), (\d+) steps = \d+ network calls, with guidance (\d+)", README)
+    said = re.search(r"\((ODE|SDE) (\w+), (\d+) steps = \d+ network calls, with guidance ([\d.]+\d)", README)
     assert said and (said.group(1).lower(), said.group(2).lower(), int(said.group(3)), float(said.group(4))) == (
         sampler["mode"], sampler["method"], sampler["steps"], scale)
     recipe = next(line for line in DOC_PAGES["docs/demo.md"].splitlines() if "vit5_sit.demo export" in line)

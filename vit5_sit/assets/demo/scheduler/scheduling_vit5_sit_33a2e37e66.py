@@ -14,7 +14,12 @@ from dataclasses import dataclass
 def odeint(*args, **kwargs):  # torchdiffeq: imported on first use, an optional dependency
     import importlib
 
-    return getattr(importlib.import_module('torchdiffeq'), 'odeint')(*args, **kwargs)
+    try:
+        module = importlib.import_module('torchdiffeq')
+    except ImportError:
+        raise ImportError('odeint' + ' needs torchdiffeq, which is not installed (the adaptive '
+                          'solvers such as dopri5 use it): pip install torchdiffeq') from None
+    return getattr(module, 'odeint')(*args, **kwargs)
 from diffusers.schedulers.scheduling_utils import SchedulerOutput
 
 
@@ -745,16 +750,33 @@ def ode_heun(model_fn, noise, y, transport, cfg, rng=None, t_steps=None):
     return x
 
 
+# ---- from vit5_sit.common.contract ----------------------------------------------------------------------------
+
+
+MAX_NFE = 2 * MAX_STEPS    # network evaluations of one batch by an adaptive solver (dopri5, ...): as many as the
+
+
+# ---- from vit5_sit.transport.samplers -------------------------------------------------------------------------
+
+
 class SolverError(ValueError):
     """An adaptive solver that could not meet its tolerance; the message names the settings to change."""
 
 
 def ode_adaptive(model_fn, noise, y, transport, cfg, rng=None):
     """An adaptive torchdiffeq solver (cfg.method) with cfg.atol / cfg.rtol. The step sizes are shared
-    by the whole batch, so a sample may differ, within the tolerance, with its batch-mates."""
+    by the whole batch, so a sample may differ, within the tolerance, with its batch-mates. It is stopped with a
+    SolverError past MAX_NFE network evaluations (a tight tolerance with a large guidance never ends)."""
     t0, t1 = transport.interval()
+    calls = [0]
 
     def f(t, x):
+        calls[0] += 1
+        if calls[0] > MAX_NFE:
+            raise SolverError(f"{cfg.method} took more than {MAX_NFE:,} network evaluations (MAX_NFE) at atol="
+                              f"{cfg.atol:g} rtol={cfg.rtol:g} and was stopped: loosen the tolerance (sample.py "
+                              "--tol 1e-5, sampler.atol/rtol), lower the guidance scale, or use a fixed-step method "
+                              "(--method heun --steps 50)")
         # Clamped: torchdiffeq's first-step heuristic may probe outside [t0, t1] (VP is NaN past t = 1).
         t = t.clamp(t0, t1).to(x.dtype).expand(x.shape[0])
         return transport.velocity(model_fn(x, t, y), x, t)

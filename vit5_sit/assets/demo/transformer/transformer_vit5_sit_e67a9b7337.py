@@ -16,6 +16,8 @@ import inspect
 from diffusers.configuration_utils import register_to_config
 import difflib
 from dataclasses import dataclass
+from pathlib import Path
+import json
 
 
 # ---- from vit5_sit.models.layers ------------------------------------------------------------------------------
@@ -65,6 +67,20 @@ class TimestepEmbedder(nn.Module):
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         t_freq = self.timestep_embedding(t, self.freq_dim)  # (B, 256)
         return self.mlp(t_freq.to(self.mlp[0].weight.dtype))
+
+
+class GuidanceEmbedder(nn.Module):
+    """iMF's guidance inputs (B, 3) = (scale w, low, high) -> (B, D): one timestep embedder each, for 1 - 1/w
+    (0 without guidance, as the official code) and the two ends of the interval where w acts, summed. The last
+    layer of each starts at zero, so a model starts neutral: its output is that of the model without the input."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.scale, self.low, self.high = (TimestepEmbedder(hidden_size) for _ in range(3))
+
+    def forward(self, guidance: torch.Tensor) -> torch.Tensor:
+        w, low, high = guidance.float().unbind(1)
+        return self.scale(1 - 1 / w) + self.low(low) + self.high(high)  # (B, D)
 
 
 class LabelEmbedder(nn.Module):
@@ -456,6 +472,8 @@ class Denoiser(nn.Module):
         # MeanFlow: the interval length t - r of the average velocity gets its own embedder, summed into the
         # conditioning (the paper's ImageNet choice, (t, t - r)): at interval 0 the model is a flow model.
         self.interval_embedder = TimestepEmbedder(D) if cfg.mean_flow else None
+        # iMF: the guidance scale and its interval as inputs (one-step models guided at sampling time, one pass).
+        self.guidance_embedder = GuidanceEmbedder(D) if cfg.guidance_input else None
         self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
         if cfg.pos_embed != "none":
             self.pos_embed = nn.Parameter(torch.zeros(1, n * n, D), requires_grad=cfg.pos_embed == "learned")
@@ -504,6 +522,11 @@ class Denoiser(nn.Module):
         if self.interval_embedder is not None:
             nn.init.normal_(self.interval_embedder.mlp[0].weight, std=INIT_STD)
             nn.init.normal_(self.interval_embedder.mlp[2].weight, std=INIT_STD)
+        if self.guidance_embedder is not None:  # neutral at the start: the last layers zero
+            for embedder in (self.guidance_embedder.scale, self.guidance_embedder.low, self.guidance_embedder.high):
+                nn.init.normal_(embedder.mlp[0].weight, std=INIT_STD)
+                nn.init.zeros_(embedder.mlp[2].weight)
+                nn.init.zeros_(embedder.mlp[2].bias)
 
         # adaLN-Zero: every block starts as the identity, the output as zero. A non-zero gate_init starts the
         # gates (chunks 2 and 5 of shift, scale, gate, shift, scale, gate) there instead: with LayerScale, the
@@ -581,7 +604,7 @@ class Denoiser(nn.Module):
         return self.cfg.null_label
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_hidden: tuple[int, ...] = (),
-                interval: torch.Tensor | None = None):
+                interval: torch.Tensor | None = None, guidance: torch.Tensor | None = None):
         """x (B, C, H, W), t (B,) in [0, 1] (0 = noise, 1 = data), y (B,) long -> (B, C, H, W).
 
         return_hidden: block numbers k (1-based); then returns ``(out, {k: (B, T, D) patch tokens after
@@ -589,6 +612,9 @@ class Denoiser(nn.Module):
         interval: MeanFlow models (``cfg.mean_flow``) only: (B,) lengths d >= 0 of the time interval [t, t + d]
         whose average velocity the model predicts (`vit5_sit.transport.meanflow`); None = 0, the instantaneous
         velocity.
+        guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
+        prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
+        guidance (1, 0, 1).
         """
         B, C, H, W = x.shape
         p = self.patch_size
@@ -619,6 +645,16 @@ class Denoiser(nn.Module):
         elif interval is not None:
             raise ValueError("interval= is for MeanFlow models (ModelConfig.mean_flow=True); this model predicts "
                              "the instantaneous velocity only")
+        if self.guidance_embedder is not None:
+            if guidance is None:
+                guidance = torch.tensor([[1.0, 0.0, 1.0]], device=x.device).expand(B, 3)  # no guidance
+            elif guidance.shape != (B, 3):
+                raise ValueError(f"guidance of shape {tuple(guidance.shape)}: expected ({B}, 3), a (scale, low, "
+                                 "high) row per sample")
+            c = c + self.guidance_embedder(guidance)              # (B, D)
+        elif guidance is not None:
+            raise ValueError("guidance= is for iMF models (ModelConfig.guidance_input=True, meanflow.variant=imf); "
+                             "guide this model with classifier-free guidance (two passes) instead")
 
         hidden = {}
         for k, block in enumerate(self.blocks, start=1):
@@ -636,12 +672,14 @@ class Denoiser(nn.Module):
         return (x, hidden) if return_hidden else x
 
 
-    def jvp(self, primals: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tangents: tuple, y: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward-mode JVP of the output in (x, t, interval) for labels y: returns (output, d output) for the
-        tangents (dx, dt, d interval); through `torch.func.jvp` with the plain ops (`forward_ad_ops`)."""
+    def jvp(self, primals: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tangents: tuple, y: torch.Tensor,
+            guidance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward-mode JVP of the output in (x, t, interval) for labels y (and iMF's guidance inputs, held
+        fixed): returns (output, d output) for the tangents (dx, dt, d interval); through `torch.func.jvp` with
+        the plain ops (`forward_ad_ops`)."""
+        kw = {} if guidance is None else {"guidance": guidance}
         with forward_ad_ops():
-            return torch.func.jvp(lambda x, t, d: self(x, t, y, interval=d), primals, tangents)
+            return torch.func.jvp(lambda x, t, d: self(x, t, y, interval=d, **kw), primals, tangents)
 
 
 # ---- from vit5_sit.hub.components -----------------------------------------------------------------------------
@@ -740,6 +778,8 @@ class ModelConfig:
     mlp: str = "gelu"                       # 'gelu' (tanh approx.) | 'swiglu' (params ~ the GELU MLP)
     mean_flow: bool = False                 # MeanFlow: a second timestep embedder for the interval length
                                             # (`interval_embedder`), summed into the adaLN conditioning
+    guidance_input: bool = False            # iMF (MeanFlow models): the guidance scale and its interval are inputs
+                                            # (`guidance_embedder`, starts neutral), summed into the conditioning
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
@@ -749,9 +789,11 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
-        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow"):
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if self.guidance_input and not self.mean_flow:
+            raise ValueError("guidance_input=True is iMF's, a MeanFlow model's input: it needs mean_flow=True")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)
         _check_float("rope_base", self.rope_base, positive=True)
         _check_float("class_dropout_prob", self.class_dropout_prob)
@@ -799,6 +841,198 @@ class ModelConfig:
         return -(-int(2 * self.mlp_ratio * self.hidden_size / 3) // 8) * 8
 
 
+# ---- from vit5_sit.hub.agreement ------------------------------------------------------------------------------
+
+
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # diffusers' name of a component's weights
+
+
+HUB_ARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+
+
+def transformer_files(path: str | Path, kwargs: dict) -> tuple[Path, Path] | None:
+    """(config.json, weights) of the transformer that diffusers' ``from_pretrained(path, **kwargs)`` loads, a
+    local folder or a Hub repo (resolved as diffusers resolves them); None where they are no plain files there
+    (a DDUF archive, pickled weights, a file missing: diffusers' own loading then says what it says)."""
+    if kwargs.get("dduf_entries") or kwargs.get("use_safetensors") is False:
+        return None
+    from diffusers.utils import _get_model_file
+
+    variant = kwargs.get("variant")
+    name = WEIGHTS_NAME.replace(".safetensors", f".{variant}.safetensors") if variant else WEIGHTS_NAME
+    args = {k: kwargs[k] for k in HUB_ARGS if k in kwargs}
+    try:
+        return (Path(_get_model_file(path, weights_name="config.json", **args)),
+                Path(_get_model_file(path, weights_name=name, **args)))
+    except (OSError, ValueError):  # EnvironmentError: not there
+        return None
+
+
+# ---- from vit5_sit.common.checks ------------------------------------------------------------------------------
+
+
+class ModelLoadError(RuntimeError):
+    """The path does not hold a model we can load; the message says what was expected (raised by
+    `vit5_sit.hub.model_files` and `vit5_sit.hub.files`)."""
+
+
+# ---- from vit5_sit.hub.agreement ------------------------------------------------------------------------------
+
+
+WEIGHTS_FIX = ("use an earlier checkpoint, or export the model folder again from a good one "
+               "(python -m vit5_sit.demo export RUN --out FOLDER)")
+
+
+def read_header(weights: str | Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """(metadata, {key: shape}) of a safetensors file, without reading its tensors; unreadable = one line."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), "pt") as f:
+            return f.metadata() or {}, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{weights}: not a readable safetensors file ({first}); {WEIGHTS_FIX}") from None
+
+
+def _json_value(value: object) -> object:
+    return json.loads(json.dumps(value))  # as a JSON file holds it: tuples become lists
+
+
+def effective_fields(fields: dict, config_class=ModelConfig) -> dict:
+    """The fields a loader builds ``config_class`` from, given a config file's values: the class's defaults for
+    the fields it leaves out (as diffusers takes them), its values for the others; keys the class does not know
+    and diffusers' own (``_class_name``, ...) are left out (diffusers ignores them)."""
+    out = {}
+    for f in dataclasses.fields(config_class):
+        if f.name in fields:
+            out[f.name] = fields[f.name]
+        else:
+            out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return _json_value(out)
+
+
+MODEL_CONFIG_KEY = "vit5_sit_model_config"  # safetensors metadata: the ModelConfig fields of the weights (JSON)
+
+
+REEXPORT = ("the files of one model folder must agree (a file edited by hand, or files of two exports): export "
+            "the folder again with vit5-sit (python -m vit5_sit.demo export SOURCE --out FOLDER), or download it "
+            "again")
+
+
+def recorded_fields(metadata: dict | None, weights: str | Path) -> dict | None:
+    """The `ModelConfig` fields the weights' metadata records (`weights_metadata`); None for weights written
+    before the record existed."""
+    text = (metadata or {}).get(MODEL_CONFIG_KEY)
+    if text is None:
+        return None
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise ModelLoadError(f"{weights}: the record of the model config in its metadata ({MODEL_CONFIG_KEY}) is "
+                             f"damaged; {REEXPORT}")
+    return fields
+
+
+def disagreement(first: dict, second: dict, first_name: str, second_name: str) -> str | None:
+    """The first field on which two statements of one config differ, as ``config.json has depth=4 but the record
+    in diffusion_pytorch_model.safetensors has depth=6``; None when they agree. A field only one names differs too."""
+    a, b = _json_value(first), _json_value(second)
+    for key in [*a, *(k for k in b if k not in a)]:
+        if key not in b:
+            return f"{first_name} has {key}={a[key]!r}, a field {second_name} does not have"
+        if key not in a:
+            return f"{second_name} has {key}={b[key]!r}, a field {first_name} does not have"
+        if a[key] != b[key]:
+            return f"{first_name} has {key}={a[key]!r} but {second_name} has {key}={b[key]!r}"
+    return None
+
+
+LISTED = 3  # keys named in a message; the rest are counted
+
+
+def _listed(keys: list) -> str:
+    more = f" and {len(keys) - LISTED} more" if len(keys) > LISTED else ""
+    return ", ".join(str(k) for k in keys[:LISTED]) + more
+
+
+def fit_problem(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str | None:
+    """Why weights of these keys and shapes (``found``) do not fit the model that has ``expected``, or None."""
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    wrong = [f"{k} {tuple(found[k])} (the model's: {tuple(v)})" for k, v in expected.items()
+             if k in found and tuple(found[k]) != tuple(v)]
+    parts = [f"missing keys: {_listed(missing)}" if missing else "",
+             f"unexpected keys: {_listed(unexpected)}" if unexpected else "",
+             f"wrong shapes: {_listed(wrong)}" if wrong else ""]
+    return "; ".join(p for p in parts if p) or None
+
+
+def expected_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The state dict's keys and shapes of the denoiser ``model`` describes (built on the meta device: no memory)."""
+    pass  # (an import of vit5_sit: defined in this module)
+
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in Denoiser(model).state_dict().items()}
+
+
+def check_transformer_files(config: dict, weights: str | Path, where: str) -> None:
+    """Before diffusers builds the model: config.json's fields (``config``, as read) against the record in the
+    weights' metadata, and the weights' keys and shapes against the model those fields build."""
+    metadata, shapes = read_header(weights)
+    fields = effective_fields(config)
+    recorded = recorded_fields(metadata, weights)
+    if recorded is not None:
+        problem = disagreement(fields, recorded, "config.json", f"the record in {Path(weights).name}")
+        if problem:
+            raise ModelLoadError(f"{where}: {problem}; {REEXPORT}")
+    try:
+        model = ModelConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{where}: config.json: {e}; {REEXPORT}") from None
+    problem = fit_problem(expected_shapes(model), shapes)
+    if problem:
+        raise ModelLoadError(f"{where}: the weights do not fit the model of config.json: {problem}; {WEIGHTS_FIX}")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a model folder; not readable, not JSON or not an object = one line."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                             f"{REEXPORT}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got a {type(data).__name__}; {REEXPORT}")
+    return data
+
+
+def nonfinite_problem(state: dict[str, torch.Tensor]) -> str | None:
+    """Which floating-point tensors hold NaN or inf (they sample black or noise images without any error)."""
+    bad = [k for k, t in state.items()
+           if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    return f"{len(bad)} tensor(s) hold NaN or inf ({_listed(bad)}): the model would sample black or noise images"
+
+
+def check_loaded(model: torch.nn.Module, built: ModelConfig, weights: str | Path | None, where: str) -> None:
+    """After diffusers loaded the model: the config it was built with (keyword overrides included) against the
+    weights' record, and no NaN or inf in what was loaded."""
+    if weights is not None:
+        recorded = recorded_fields(read_header(weights)[0], weights)
+        if recorded is not None:
+            problem = disagreement(dataclasses.asdict(built), recorded, "the model built",
+                                   f"the record in {Path(weights).name}")
+            if problem:
+                raise ModelLoadError(f"{where}: {problem}; load it without overriding its config, or {REEXPORT}")
+    problem = nonfinite_problem(model.state_dict())
+    if problem:
+        raise ModelLoadError(f"{where}: {problem}; {WEIGHTS_FIX}")
+
+
 # ---- from vit5_sit.hub.components -----------------------------------------------------------------------------
 
 
@@ -815,3 +1049,17 @@ class Vit5SitTransformer2DModel(ModelMixin, ConfigMixin, Denoiser):
     def __init__(self, **fields) -> None:
         Denoiser.__init__(self, ModelConfig(**fields))  # nn.Module's __init__ through Denoiser's
         self._gradient_checkpointing_func = None         # what ModelMixin.__init__ sets
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """diffusers' loading, refusing a folder whose files state two models (`vit5_sit.hub.agreement`): before
+        the model is built, config.json against the record in the weights' metadata and the weights' keys and
+        shapes against the model; after, the config it was built with against that record, and NaN or inf."""
+        where = str(Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or ""))
+        files = transformer_files(pretrained_model_name_or_path, kwargs)
+        if files is not None:
+            check_transformer_files(read_json(files[0]), files[1], where)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True: (model, info)
+        check_loaded(model, model.cfg, files[1] if files is not None else None, where)
+        return loaded

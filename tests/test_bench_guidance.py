@@ -51,7 +51,7 @@ RECORD = ROOT / "docs" / "study" / "guidance" / "demo.json"
 
 
 def _quotes():
-    for page in ("README.md", "docs/sampling.md", "docs/demo.md", "vit5_sit/assets/demo/README.md"):
+    for page in ("README.md", "docs/sampling.md", "docs/demo.md", "benchmarks/README.md"):
         for m in QUOTED.finditer((ROOT / page).read_text()):
             yield page, m
 

@@ -137,7 +137,8 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
         assert re.fullmatch(base + "_[0-9a-f]{10}", stem), stem
         path = folder / ("" if name == "_class_name" else name) / f"{stem}.py"
         assert hashlib.sha256(path.read_bytes()).hexdigest().startswith(stem[-10:])
-    assert index["vae"] == [None, None] and index["guide"] == [None, None] and index["guidance_scale"] == 2.5  # the demo's default (docs/sampling.md "Guidance")
+    assert index["vae"] == [None, None] and index["guide"] == [None, None]
+    assert index["guidance_scale"] == 2.5  # the demo's default (docs/sampling.md "Guidance")
     assert not (folder / "ema.safetensors").exists()  # one weights file, read by both loaders
     weights = list(folder.rglob("*.safetensors"))
     assert weights == [folder / "transformer" / "diffusion_pytorch_model.safetensors"]

@@ -31,9 +31,9 @@ LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
 OBJECTIVES = ("flow", "meanflow")
 # Autoguidance (issue #52, docs/sampling.md): a run keeps the checkpoint nearest this share of its training as its
-# guide, a bad version of the model itself (Karras et al. 2024). 1/9: step 400 of the demo's 3,600, measured in
-# docs/study/guidance/.
-GUIDE_AT = 1 / 9
+# guide, a bad version of the model itself (Karras et al. 2024). 2/9: step 800 of the demo's 3,600, which guided the
+# demo better than step 400 at every weight measured (docs/study/guidance/demo.md; one model, one training seed).
+GUIDE_AT = 2 / 9
 
 
 class ConfigError(ValueError):

@@ -201,7 +201,7 @@ def _damaged_copy(model_dir: Path, tmp_path: Path, damage: str) -> Path:
 
 @pytest.mark.parametrize("damage, message", [
     ("nan", "'blocks.0.attn.qkv.weight' holds NaN or inf"),
-    ("shape", "wrong shapes: ['blocks.0.mlp.fc1.weight (3, 3)"),
+    ("shape", "wrong shapes: blocks.0.mlp.fc1.weight (3, 3) (the model's: (256, 64))"),
     ("header", "not a readable safetensors file"),
 ])
 def test_damaged_model_folder_is_one_line(tmp_path, capsys, model_dir, damage, message):

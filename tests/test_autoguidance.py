@@ -273,3 +273,27 @@ def test_sample_py_takes_the_model_folders_guide_as_the_pipeline_does(tmp_path):
     assert np.array_equal(np.load(tmp_path / "a.npz")["arr_0"], want)
     assert np.array_equal(np.load(tmp_path / "b.npz")["arr_0"], plain)
     assert not np.array_equal(want, plain)
+
+
+@torch.no_grad()
+def test_an_imf_model_takes_the_sampling_guidance_as_its_input(pair):
+    """Improved MeanFlow (#51): one model, two guidance scales, two outputs, each the network called with that scale
+    and interval as its guidance inputs, one pass per step (no unconditional pass); a guide is refused."""
+    from vit5_sit.transport import StackedRandomGenerator
+    from vit5_sit.transport.meanflow import guidance_inputs
+
+    model = tiny(3, mean_flow=True, guidance_input=True)
+    sampler = SamplerConfig(mode="meanflow", method="euler", steps=1)
+    outs = []
+    for scale in (1.0, 3.0):
+        got = sample_images(model, Transport(), sampler, [0, 2], [5, 6], cfg_scale=scale,
+                            guidance_interval=(0.1, 0.9), as_float=True)
+        x = StackedRandomGenerator([5, 6], torch.device("cpu")).randn((2, 8, 8))
+        g = guidance_inputs(2, scale, (0.1, 0.9))
+        want = x + model(x, torch.zeros(2), torch.tensor([0, 2]), interval=torch.ones(2), guidance=g)
+        assert torch.allclose(got, want, atol=1e-6)
+        outs.append(got)
+    assert not torch.allclose(outs[0], outs[1])
+    with pytest.raises(GuidanceError, match="network inputs"):
+        sample_images(model, Transport(), sampler, [0], [0], cfg_scale=2.0, guide=tiny(4, mean_flow=True,
+                                                                                      guidance_input=True))

@@ -162,7 +162,14 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     size = image_size or cfg.input_size
     model = model.to(device).eval()
     net = model if next(model.parameters()).dtype == torch.float32 else HalfPrecisionCalls(model)
-    if guide is not None:
+    if getattr(cfg, "guidance_input", False):  # iMF: scale and interval are the network's inputs, one pass a step
+        if guide is not None or guide_channels is not None:
+            raise GuidanceError("an improved-MeanFlow model takes its guidance scale and interval as network inputs: "
+                                "choose them with the guidance scale and interval, without a guide or guide_channels")
+        from vit5_sit.transport.meanflow import with_guidance
+
+        net = with_guidance(net, cfg_scale, tuple(guidance_interval))
+    elif guide is not None:
         if guide_channels is not None:
             raise GuidanceError(f"guide_channels={guide_channels}: the official scripts' channel subset is for "
                                 "classifier-free guidance only; leave it out with a guide")

@@ -1469,6 +1469,28 @@ class HalfPrecisionCalls:
         return self.model(x.to(self.dtype), t, y, **kw).float()
 
 
+# ---- from vit5_sit.transport.meanflow -------------------------------------------------------------------------
+
+
+def guidance_inputs(n: int, scale: float | torch.Tensor = 1.0, interval: tuple[float, float] = (0.0, 1.0),
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """(n, 3): the guidance inputs (scale w, low, high) of an iMF network (``Denoiser(..., guidance=)``): w acts
+    for t in [low, high] (our t: 0 = noise, 1 = data); w = 1 is no guidance. ``scale``: a number or (n,)."""
+    w = torch.as_tensor(scale, dtype=torch.float32, device=device).expand(n)
+    lo = torch.full((n,), float(interval[0]), device=device)
+    return torch.stack([w, lo, torch.full_like(lo, float(interval[1]))], dim=1)
+
+
+def with_guidance(model, scale: float, guidance_interval: tuple[float, float] = (0.0, 1.0)):
+    """An iMF network (``cfg.guidance_input``) as `meanflow_sample`'s ``model_fn``, guided at sampling time: each
+    call passes the guidance inputs (``scale``, acting for t in ``guidance_interval``, our t) to the network, one
+    pass per step and no unconditional pass. Scale 1 is the unguided model."""
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None):
+        guidance = guidance_inputs(x.shape[0], scale, guidance_interval, device=x.device)
+        return model(x, t, y, interval=interval, guidance=guidance)
+    return model_fn
+
+
 # ---- from vit5_sit.transport.guidance -------------------------------------------------------------------------
 
 
@@ -1895,7 +1917,14 @@ def sample_images(model: Denoiser, transport: Transport, sampler: SamplerConfig,
     size = image_size or cfg.input_size
     model = model.to(device).eval()
     net = model if next(model.parameters()).dtype == torch.float32 else HalfPrecisionCalls(model)
-    if guide is not None:
+    if getattr(cfg, "guidance_input", False):  # iMF: scale and interval are the network's inputs, one pass a step
+        if guide is not None or guide_channels is not None:
+            raise GuidanceError("an improved-MeanFlow model takes its guidance scale and interval as network inputs: "
+                                "choose them with the guidance scale and interval, without a guide or guide_channels")
+        pass  # (an import of vit5_sit: defined in this module)
+
+        net = with_guidance(net, cfg_scale, tuple(guidance_interval))
+    elif guide is not None:
         if guide_channels is not None:
             raise GuidanceError(f"guide_channels={guide_channels}: the official scripts' channel subset is for "
                                 "classifier-free guidance only; leave it out with a guide")

@@ -197,7 +197,9 @@ def test_a_run_folder_in_use_stops_every_process_of_a_launch(tmp_path):
                          env=_env(), capture_output=True, text=True, timeout=300)
     assert two.returncode != 0
     errors = [line for line in two.stderr.splitlines() if line.startswith("error: run folder")]
-    assert len(errors) == 2 and "another run (process" in errors[0], two.stderr[-3000:]  # both ranks, a line each
+    # Every rank stops with the same one line; the launcher may end the other rank (SIGTERM) before it prints.
+    assert 1 <= len(errors) <= 2 and "another run (process" in errors[0], two.stderr[-3000:]
+    assert len(set(errors)) == 1, errors
     assert str(ROOT / "vit5_sit") not in two.stderr  # no traceback of ours (the launcher prints its own)
     assert not (tmp_path / "two").exists()
 

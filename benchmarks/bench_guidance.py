@@ -21,6 +21,7 @@ continues; --report writes the table (and JSON) from the cache only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -61,9 +62,10 @@ def tag(cell: str, seed: int) -> str:
     return cell.replace(":", "_").replace("@", "_") + (f"_seed{seed}" if seed else "")
 
 
-def nfe_per_image(model_steps: int, scale: float, interval: tuple[float, float]) -> int:
-    """Network calls per image of Euler with ``model_steps`` steps on the uniform grid, guided inside the interval."""
-    if scale == 1.0:
+def nfe_per_image(model_steps: int, scale: float, interval: tuple[float, float], guidance_input: bool = False) -> int:
+    """Network calls per image of Euler with ``model_steps`` steps on the uniform grid, guided inside the interval
+    (an iMF model takes its guidance as an input: one call per step, guided or not)."""
+    if scale == 1.0 or guidance_input:
         return model_steps
     times = [i / model_steps for i in range(model_steps)]
     return model_steps + sum(interval[0] <= t <= interval[1] for t in times)
@@ -92,7 +94,8 @@ def sample_cell(cell: str, out: Path, model, cfg, guides: dict, num: int, seed: 
         images, labels = f["arr_0"], f["arr_1"]
     result = {"cell": cell, "guidance": "cfg" if name is None else "auto", "guide": name,
               "guide_path": None if name is None else guides[name][1], "scale": scale, "interval": list(interval),
-              "seed": seed, "nfe": nfe_per_image(cfg.sampler.steps, scale, interval),
+              "seed": seed, "steps": cfg.sampler.steps,
+              "nfe": nfe_per_image(cfg.sampler.steps, scale, interval, model.cfg.guidance_input),
               "digit_accuracy": float((classify(images) == labels).mean()), "speckle": speckle_share(images),
               "num_samples": num, "sample_seconds": round(seconds, 1)}
     path.write_text(json.dumps(result, indent=1))
@@ -148,6 +151,8 @@ def main() -> None:
     p.add_argument("--out", default="runs/guidance", help="cache folder (default: runs/guidance)")
     p.add_argument("--num-samples", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="seed of the first sample (default: 0)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="sampling steps (default: the model's sampler: Euler 6 for flow models, 1 for MeanFlow)")
     p.add_argument("--reference", default=str(REFERENCE), help=f"reference statistics (default: {REFERENCE})")
     p.add_argument("--report", action="store_true", help="print the table from the cache only")
     p.add_argument("--json", default=None, help="also write the rows here (JSON: the durable record)")
@@ -159,6 +164,10 @@ def main() -> None:
 
         torch.set_num_threads(1)
         model, cfg = load_for_sampling(Path(args.model) if args.model else DEMO_MODEL)
+        if args.steps is not None:
+            if args.steps < 1:
+                raise SystemExit(f"--steps {args.steps}: give a number of sampling steps >= 1")
+            cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, steps=args.steps))
         guides = {}
         for spec in args.guides:
             name, _, path = spec.partition("=")
@@ -174,10 +183,10 @@ def main() -> None:
     print(table(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        keep = ("cell", "guidance", "guide", "guide_path", "scale", "interval", "seed", "nfe", "num_samples",
-                "digit_accuracy", "speckle", *METRICS)
+        keep = ("cell", "guidance", "guide", "guide_path", "scale", "interval", "seed", "steps", "nfe",
+                "num_samples", "digit_accuracy", "speckle", *METRICS)
         record = {"model": args.model or "vit5_sit/assets/demo", "reference": args.reference,
-                  "rows": [{k: r[k] for k in keep} for r in results]}
+                  "rows": [{k: r[k] for k in keep if k in r} for r in results]}
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)

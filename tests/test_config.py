@@ -125,7 +125,8 @@ def test_the_shipped_configs_resolve_to_their_base_with_a_model():
             cfg = load_config(path)
             same = {"train": cfg.train if path.name != "vit5g-b2.yaml" else recipe.train,
                     "repa": cfg.repa if path.name != "vit5-repa.yaml" else recipe.repa}
-            if path.name.startswith("meanflow-"):  # the MeanFlow recipe: its objective, sampler and settings
+            if path.name.startswith(("meanflow-", "convert-")):  # MeanFlow recipes (from scratch; a flow model
+                # converted, train.init_from): their objective, sampler and settings
                 same = {"train": recipe.train, "sampler": recipe.sampler, "meanflow": recipe.meanflow,
                         "log": recipe.log}
             assert dataclasses.replace(cfg, name=recipe.name, model=recipe.model, **same) == recipe, path.name

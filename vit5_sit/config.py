@@ -93,10 +93,16 @@ class TrainConfig:
     max_nonfinite: int = 5                 # consecutive non-finite losses that stop the run
     objective: str = "flow"                # 'flow' (flow matching, SiT) | 'meanflow' (MeanFlow: average
                                            # velocities for 1-step sampling; settings in the meanflow section)
+    init_from: str | None = None           # start from a trained flow model's weights (a run, checkpoint or
+                                           # model folder, or an official SiT .pt file): with objective=meanflow
+                                           # it converts a flow model into a one-step model (read at step 0 only)
 
     def __post_init__(self) -> None:
         check_choice("train.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"), error=ConfigError)
         check_choice("train.objective", self.objective, OBJECTIVES, error=ConfigError)
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from.strip()):
+            raise ConfigError(f"train.init_from={self.init_from!r}: give the path of a flow run, checkpoint or model "
+                              "folder, or of an official SiT .pt file (or leave it unset to start from scratch)")
 
     def guide_step(self) -> int | None:
         """The checkpoint kept as the run's autoguidance guide: the multiple of ckpt_every nearest

@@ -249,6 +249,8 @@ def _build(launch: Launch, start: Path | None) -> State:
     torch.manual_seed(tc.seed)
     mcfg = cfg.model_config()
     model = create_model(mcfg)
+    if tc.init_from is not None and start is None:  # a resumed run reads its own checkpoint
+        _init_from(launch, model, mcfg)
     ema = EMA(model, tc.ema_decay, warmup=tc.ema_warmup)
     vae = _load_vae(launch)
     projector, alignment = _repa(launch, mcfg, vae)
@@ -272,6 +274,19 @@ def _build(launch: Launch, start: Path | None) -> State:
     if start is not None:
         _resume(launch, state, start)
     return state
+
+
+def _init_from(launch: Launch, model, mcfg) -> None:
+    """``train.init_from``: the flow model's weights into ``model``, the objective's new inputs neutral."""
+    from vit5_sit.train.init_from import InitFromError, convert, flow_state
+
+    try:
+        state, what = flow_state(launch.cfg.train.init_from, mcfg)
+        new = convert(model, state)
+    except InitFromError as e:
+        raise TrainingError(str(e)) from None
+    added = sorted({k.split(".")[0] for k in new})
+    launch.log(f"init_from: {what}" + (f"; new, starting neutral: {', '.join(added)}" if added else ""))
 
 
 def _load_vae(launch: Launch):

@@ -48,6 +48,7 @@ RESUME_FREE = ("name", "output_dir", "data.path", "data.num_workers", "data.vae"
                "train.grad_accum", "train.compile", "train.grad_checkpointing",      # the same global batch,
                "train.fsdp", "train.tf32",                                           # executed another way
                "train.ckpt_every", "train.keep_last", "train.guide_at", "train.max_nonfinite",
+               "train.init_from",                                                    # read at step 0 only
                "repa.encoder_weights",                                               # where the same encoder is read
                "log", "sampler")                                                     # grids only
 

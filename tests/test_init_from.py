@@ -1,0 +1,110 @@
+"""``train.init_from``: a flow model converted into a MeanFlow / iMF model starts as the flow model, bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tinydata import TINY_TRAIN, image_folder
+
+from vit5_sit.config import load_config
+from vit5_sit.hub.model_files import load_for_sampling
+from vit5_sit.models import create_model
+from vit5_sit.train.checkpoint import list_checkpoints
+from vit5_sit.train.init_from import InitFromError, convert, flow_state
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+
+@pytest.mark.parametrize("imf", [False, True], ids=["meanflow", "imf"])
+def test_the_converted_demo_is_the_demo_bit_for_bit(imf):
+    """The bundled 3,600-step flow demo converted: every interval, every guidance input, the same velocity."""
+    flow, _ = load_for_sampling("demo")
+    mcfg = dataclasses.replace(flow.cfg, mean_flow=True, guidance_input=imf)
+    torch.manual_seed(1)
+    model = create_model(mcfg).eval()
+    state, what = flow_state("demo", mcfg)
+    new = convert(model, state)
+    assert "flow model" in what and new and all(k.startswith(("interval_embedder.", "guidance_embedder."))
+                                                for k in new)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 1, 32, 32, generator=g)
+    t = torch.rand(6, generator=g)
+    y = torch.tensor([0, 3, 7, 9, 10, 10])  # 10: the null label
+    kw = {"guidance": torch.tensor([[2.5, 0.0, 1.0]]).expand(6, 3)} if imf else {}
+    with torch.no_grad():
+        want = flow(x, t, y)
+        for interval in (torch.zeros(6), torch.rand(6, generator=g)):
+            assert torch.equal(model(x, t, y, interval=interval, **kw), want)
+
+
+def _runs(tmp_path: Path) -> tuple[Path, list[str]]:
+    data = image_folder(tmp_path / "data")
+    return data, [*TINY_TRAIN, f"output_dir={tmp_path}", "data.kind=images", f"data.path={data}",
+                  "data.resolution=8", "data.channels=3", "model.num_classes=2", "train.global_batch_size=4"]
+
+
+def test_a_meanflow_run_starts_from_a_flow_run_and_resumes_its_own(tmp_path):
+    from vit5_sit.train.loop import train
+
+    _, common = _runs(tmp_path)
+    flow_run = train(load_config(None, [*common, "name=flow", "train.max_steps=2"]))
+    flow_ema = load_file(str(list_checkpoints(flow_run)[-1].path / "ema.safetensors"))
+    lines = []
+    # lr 1e-30: the steps move no trained weight by an ulp, so the checkpoint holds the weights the run started from.
+    mf = [*common, "name=mf", "train.objective=meanflow", "meanflow.variant=imf", f"train.init_from={flow_run}",
+          "train.lr=1e-30", "train.warmup_steps=0", "train.max_steps=2"]
+    run = train(load_config(None, mf), log_fn=lines.append)
+    assert any(line.startswith(f"init_from: the flow model {flow_run}") and "at step 2" in line
+               and "guidance_embedder, interval_embedder" in line for line in lines), lines
+    start = load_file(str(list_checkpoints(run)[-1].path / "model.safetensors"))
+    assert set(start) - set(flow_ema) and all(torch.equal(start[k], v) for k, v in flow_ema.items())
+    for k in ("interval_embedder.mlp.2.weight", "interval_embedder.mlp.2.bias"):  # zero, but for 2 steps of 1e-30
+        assert start[k].abs().max() < 1e-25, k
+    # A resume reads its own checkpoint (init_from may then point anywhere, even nowhere).
+    lines.clear()
+    train(load_config(None, [*mf, "train.init_from=gone", "train.max_steps=4"]), resume="auto",
+          log_fn=lines.append)
+    assert not any(line.startswith("init_from") for line in lines)
+    assert [c.step for c in list_checkpoints(run)] == [2, 4]
+
+
+def test_what_cannot_be_converted_is_one_line(tmp_path):
+    from vit5_sit.train.loop import TrainingError, train
+
+    _, common = _runs(tmp_path)
+    flow_run = train(load_config(None, [*common, "name=flow", "train.max_steps=2"]))
+    mf = [*common, "train.objective=meanflow", "train.max_steps=2"]
+    cases = {
+        "missing": ([f"train.init_from={tmp_path / 'nope'}"], "no such file or folder"),
+        "other-width": ([f"train.init_from={flow_run}", "model.hidden_size=64"], "hidden_size=32 there, 64 here"),
+        "a-text-file": ([f"train.init_from={tmp_path / 'data' / 'class0' / '0.png'}"],
+                        "a file must be an official SiT checkpoint"),
+    }
+    for name, (extra, needle) in cases.items():
+        with pytest.raises(TrainingError) as e:
+            train(load_config(None, [*mf, f"name={name}", *extra]))
+        assert needle in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+        assert not (tmp_path / name).exists(), name  # nothing left behind
+    mf_run = train(load_config(None, [*mf, "name=mf"]))
+    with pytest.raises(TrainingError, match="a MeanFlow model already"):
+        train(load_config(None, [*mf, "name=again", f"train.init_from={mf_run}"]))
+
+
+def test_an_empty_init_from_is_a_config_error():
+    from vit5_sit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.init_from=''"):
+        load_config(None, ["train.init_from="])
+
+
+def test_convert_refuses_weights_of_another_architecture():
+    flow, _ = load_for_sampling("demo")
+    model = create_model(dataclasses.replace(flow.cfg, mean_flow=True))
+    state = dict(flow.state_dict())
+    state.pop("final_layer.linear.bias")
+    with pytest.raises(InitFromError, match="final_layer.linear.bias"):
+        convert(model, state)

@@ -1,0 +1,120 @@
+"""``train.init_from``: start a run from a trained flow model's weights (issue #51: flow models into one-step models).
+
+A user already owns flow models (a run of this toolkit, a model folder such as the bundled demo, the official
+SiT-XL/2 ``.pt`` file). ``train.init_from=PATH`` builds the run's model as usual, then copies every weight of the
+flow model into it; what only the new objective has starts so that it changes nothing:
+
+- MeanFlow's ``interval_embedder`` (the interval length t - r): its last layer at zero, so its term in the
+  conditioning is 0 and the converted model predicts exactly the flow model's velocity, for every interval, at
+  step 0 (bit for bit: tests/test_init_from.py);
+- iMF's ``guidance_embedder``: zero last layers already (neutral from the start, `GuidanceEmbedder`).
+
+The fine-tuning then learns the average velocity from a model that already knows the instantaneous one. The EMA
+starts at the converted weights (the flow model's EMA weights, which are the ones worth keeping). The model's
+architecture must be the flow model's: every field of the model config but the objective's inputs (``mean_flow``,
+``guidance_input``) must agree, and a disagreement is one line naming each field and both values. A run that
+resumes reads its own checkpoint: ``init_from`` is read at step 0 only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vit5_sit.common.checks import ModelLoadError
+from vit5_sit.models.config import ModelConfig
+
+# The inputs the objective adds: what a flow model's config lacks and the converted model's has.
+OBJECTIVE_INPUTS = ("mean_flow", "guidance_input")
+OFFICIAL_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
+class InitFromError(ValueError):
+    """``train.init_from`` names nothing a run can start from; the message says why and what to give."""
+
+
+def flow_state(spec: str, mcfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str]:
+    """The (EMA) weights of the flow model ``spec`` names, checked against the run's model ``mcfg``, and a line
+    saying what they are. ``spec``: a run folder (its newest valid checkpoint), a checkpoint folder, a model folder
+    (or a bundled model's name, e.g. ``demo``), or an official SiT ``.pt`` file (read as ``mcfg`` without the
+    objective's inputs, e.g. SiT-XL/2 at 256 px)."""
+    from vit5_sit.hub.model_files import load_for_sampling, local_model_path
+    from vit5_sit.models import create_model, load_official_state_dict
+    from vit5_sit.models.official import StateDictMismatch
+
+    flow_cfg = dataclasses.replace(mcfg, **{k: False for k in OBJECTIVE_INPUTS})
+    path = local_model_path(spec)
+    if not path.exists():
+        raise InitFromError(f"train.init_from={spec}: no such file or folder; give a flow run folder, a checkpoint "
+                            "folder, a model folder (e.g. demo) or an official SiT .pt file")
+    if path.is_file():
+        if path.suffix not in OFFICIAL_SUFFIXES:
+            raise InitFromError(f"train.init_from={spec}: a file must be an official SiT checkpoint "
+                                f"({', '.join(OFFICIAL_SUFFIXES)}); our runs and model folders are given as folders")
+        model = create_model(flow_cfg)
+        try:
+            load_official_state_dict(model, path)
+        except (StateDictMismatch, ValueError, FileNotFoundError) as e:
+            raise InitFromError(f"train.init_from={spec}: {e}") from None
+        return model.state_dict(), f"the official SiT file {path.name}"
+    try:
+        model, source_cfg = load_for_sampling(path)
+    except ModelLoadError as e:
+        raise InitFromError(f"train.init_from={spec}: {e}") from None
+    source = model.cfg
+    if any(getattr(source, k) for k in OBJECTIVE_INPUTS):
+        raise InitFromError(f"train.init_from={spec}: a MeanFlow model already (model.mean_flow=True); "
+                            "init_from converts flow models: continue a MeanFlow run with --resume")
+    differing = [f"{f.name}={getattr(source, f.name)!r} there, {getattr(flow_cfg, f.name)!r} here"
+                 for f in dataclasses.fields(ModelConfig)
+                 if f.name not in OBJECTIVE_INPUTS and getattr(source, f.name) != getattr(flow_cfg, f.name)]
+    if differing:
+        raise InitFromError(f"train.init_from={spec}: its model is not this run's: {'; '.join(differing)}; give "
+                            "this run the flow model's model section (its preset and overrides)")
+    step = _step_of(path)
+    return model.state_dict(), f"the flow model {path}" + (f" at step {step:,}" if step is not None else "")
+
+
+def _step_of(path: Path) -> int | None:
+    from vit5_sit.hub.model_files import resolve_checkpoint
+
+    try:
+        folder, _ = resolve_checkpoint(path)
+    except ModelLoadError:
+        return None
+    name = folder.name
+    return int(name.split("_")[-1]) if name.startswith("step_") and name.split("_")[-1].isdigit() else None
+
+
+def convert(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Copy the flow weights ``state`` into ``model`` (a `Denoiser` of the same architecture, possibly with the
+    objective's inputs) and start those inputs neutral; returns the names of the parameters that did not come
+    from ``state``. Any other missing or unexpected weight is an error (a different architecture)."""
+    own = model.state_dict()
+    new = sorted(k for k in own if k not in state)
+    extra = sorted(k for k in state if k not in own)
+    foreign = [k for k in new if not k.startswith(("interval_embedder.", "guidance_embedder."))]
+    if extra or foreign:
+        raise InitFromError(f"train.init_from: the flow weights do not fit this model (missing {foreign[:3]}, "
+                            f"unexpected {extra[:3]}); give a flow model of this run's architecture")
+    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in state and state[k].shape != v.shape]
+    if shapes:
+        raise InitFromError(f"train.init_from: the flow weights' shapes differ from this model's ({shapes[0]})")
+    with torch.no_grad():
+        for k, v in own.items():
+            if k in state:
+                v.copy_(state[k].to(v.dtype))
+        interval = getattr(model, "interval_embedder", None)
+        if interval is not None:  # its term in the conditioning is 0: the converted model is the flow model
+            nn.init.zeros_(interval.mlp[2].weight)
+            nn.init.zeros_(interval.mlp[2].bias)
+        guidance = getattr(model, "guidance_embedder", None)
+        if guidance is not None:  # neutral (also its fresh init; said again here, where it matters)
+            for embedder in (guidance.scale, guidance.low, guidance.high):
+                nn.init.zeros_(embedder.mlp[2].weight)
+                nn.init.zeros_(embedder.mlp[2].bias)
+    return new

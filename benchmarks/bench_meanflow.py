@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sampling", action="store_true", help="time the two bundled demos' sampling instead")
     p.add_argument("--compare-compile", action="store_true",
                    help="eager against torch.compile, for each objective, instead of MeanFlow against flow")
+    p.add_argument("--convert", action="store_true",
+                   help="train.init_from's conversion of a flow model saved as an official SiT .pt, first")
     args = p.parse_args(argv)
     if args.sampling:
         if args.threads:
@@ -115,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{'bf16' if args.bf16 else 'fp32'}, {mode}, {args.iters} steps each")
     if args.compare_compile:
         return compare_compile(batch, args)
+    if args.convert:
+        for name in args.presets:
+            convert_official(name, batch, args)
     print("| preset | flow ms/step | MeanFlow ms/step | ratio (wall) | flow CPU ms | MeanFlow CPU ms | ratio (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for name in args.presets:
@@ -123,6 +128,40 @@ def main(argv: list[str] | None = None) -> None:
         fw, mw = statistics.median(wall["flow"]), statistics.median(wall["meanflow"])
         fc, mc = statistics.median(cpu["flow"]), statistics.median(cpu["meanflow"])
         print(f"| {name} | {fw:.0f} | {mw:.0f} | {mw / fw:.2f}x | {fc:.0f} | {mc:.0f} | {mc / fc:.2f}x |", flush=True)
+
+
+def convert_official(name: str, batch: Batch, args: argparse.Namespace) -> None:
+    """``train.init_from`` on an official SiT file: a flow model of ``name`` (random weights: the official
+    SiT-XL/2 file is not on the GPU machine) saved as a raw state dict .pt, read back into the MeanFlow (--imf:
+    iMF) model by `vit5_sit.train.init_from`; prints the seconds it took and the largest difference of the
+    converted model's output from the flow model's, over random intervals (0: bit for bit)."""
+    import dataclasses
+    import tempfile
+
+    from vit5_sit.train.init_from import convert, flow_state
+
+    torch.manual_seed(0)
+    flow = create_model(name, input_size=args.input_size, in_channels=args.channels, num_classes=args.classes)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "SiT-official.pt"
+        torch.save(flow.state_dict(), path)
+        start = time.perf_counter()
+        mcfg = dataclasses.replace(flow.cfg, mean_flow=True, guidance_input=args.imf)
+        model = create_model(mcfg)
+        state, what = flow_state(str(path), mcfg)
+        convert(model, state)
+        seconds = time.perf_counter() - start
+    flow, model = flow.to(args.device).eval(), model.to(args.device).eval()
+    x, y = batch.x1, batch.y
+    t = torch.rand(len(x), device=x.device)
+    kw = {"guidance": torch.tensor([[2.0, 0.0, 1.0]], device=x.device).expand(len(x), 3)} if args.imf else {}
+    autocast = (torch.autocast(args.device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext())
+    with torch.no_grad(), autocast:
+        want = flow(x, t, y)
+        diff = max((model(x, t, y, interval=d, **kw) - want).abs().max().item()
+                   for d in (torch.zeros_like(t), torch.rand_like(t)))
+    print(f"convert {name} from {what}: {seconds:.1f} s to read and convert; max |converted - flow| = {diff:g}",
+          flush=True)
 
 
 def timed(runs: dict, batch: Batch, args: argparse.Namespace) -> tuple[dict, dict, dict]:

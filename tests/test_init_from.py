@@ -108,3 +108,20 @@ def test_convert_refuses_weights_of_another_architecture():
     state.pop("final_layer.linear.bias")
     with pytest.raises(InitFromError, match="final_layer.linear.bias"):
         convert(model, state)
+
+
+def test_an_official_sit_file_converts_bit_for_bit(tmp_path):
+    """The official SiT layout (a raw state dict .pt, read weights_only) into an iMF model of the same preset."""
+    flow = create_model("SiT-T/4", input_size=8, in_channels=4, num_classes=3, depth=2).eval()
+    torch.save(flow.state_dict(), tmp_path / "SiT-official.pt")
+    mcfg = dataclasses.replace(flow.cfg, mean_flow=True, guidance_input=True)
+    model = create_model(mcfg).eval()
+    state, what = flow_state(str(tmp_path / "SiT-official.pt"), mcfg)
+    convert(model, state)
+    assert what == "the official SiT file SiT-official.pt"
+    x, t, y = torch.randn(3, 4, 8, 8), torch.rand(3), torch.tensor([0, 2, 3])
+    with torch.no_grad():
+        assert torch.equal(model(x, t, y, interval=torch.rand(3), guidance=torch.tensor([[4.0, 0.2, 0.8]] * 3)),
+                           flow(x, t, y))
+    with pytest.raises(InitFromError, match="SiT-official.pt"):  # another width: the file does not fit
+        flow_state(str(tmp_path / "SiT-official.pt"), dataclasses.replace(mcfg, hidden_size=96))

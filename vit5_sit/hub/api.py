@@ -326,6 +326,20 @@ STEPS_IN_SETTINGS = re.compile(r"_(\d+)steps_")  # a metrics row's settings (Com
 def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The card's rows of a MeanFlow model: its objective and the guidance trained into it."""
     mf = cfg.meanflow
+    rows = []
+    if cfg.train.init_from:
+        from vit5_sit.hub.public import public_text
+
+        rows.append(("started from", f"the flow model `{public_text(cfg.train.init_from)}`, converted and fine-tuned "
+                                     "(`train.init_from`)"))
+    if mf.imf:
+        low, high = mf.guidance_range
+        return rows + [
+            ("objective", "improved MeanFlow (iMF, Geng et al., 2025): the network predicts the average velocity over "
+                          "an interval of time, so one step can cross the whole path"),
+            ("guidance", f"a network input, chosen at sampling time in one pass per step: trained on scales {low:g} to "
+                         f"{high:g} (`meanflow.guidance_range`) with their intervals; default "
+                         f"{cfg.log.sample_cfg_scale:g} (`guidance_scale`, `--cfg-scale`)")]
     if mf.guided:
         low, high = mf.guidance_interval
         where = "" if (low, high) == (0.0, 1.0) else f" for t in [{low:g}, {high:g}]"
@@ -334,8 +348,8 @@ def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     "already guided, so sample with guidance scale 1")
     else:
         guidance = "none trained in (`meanflow.guidance_scale` 1)"
-    return [("objective", "MeanFlow (Geng et al., 2025): the network predicts the average velocity over an "
-                          "interval of time, so one step can cross the whole path"),
+    return rows + [("objective", "MeanFlow (Geng et al., 2025): the network predicts the average velocity over an "
+                                 "interval of time, so one step can cross the whole path"),
             ("trained guidance", guidance)]
 
 
@@ -343,12 +357,21 @@ def meanflow_section(cfg: ExperimentConfig, metrics: Sequence[dict]) -> list[str
     """The card's section on a MeanFlow model: what it is, its steps, its trained-in guidance, its measured
     quality by number of steps (the metrics rows whose settings name their steps)."""
     mf, steps = cfg.meanflow, cfg.sampler.steps
-    text = (f"This is a **MeanFlow** model (Geng et al., 2025, \"Mean Flows for One-step Generative Modeling\"): "
+    name = ("an **improved MeanFlow** (iMF) model (Geng et al., 2025, \"Improved Mean Flows\", arXiv 2512.02012)"
+            if mf.imf else "a **MeanFlow** model (Geng et al., 2025, \"Mean Flows for One-step Generative Modeling\")")
+    text = (f"This is {name}: "
             "instead of the instantaneous velocity of flow matching it predicts the average velocity u(z, r, t) "
             "between two times, so a single network evaluation carries noise to an image. It samples in "
             f"**{steps} step{'s' if steps != 1 else ''}** by default (`sampler.steps`; `num_inference_steps=2` or "
             "`--steps 2` takes two, one network evaluation each).")
-    if mf.guided:
+    if mf.imf:
+        low, high = mf.guidance_range
+        text += (f" **Guidance is an input of the network**, chosen when sampling: the scale (`guidance_scale`, "
+                 f"`--cfg-scale`, default {cfg.log.sample_cfg_scale:g}) and its interval (`guidance_interval`, "
+                 "`--guidance-interval`) enter the network, so a guided step costs one pass, not two. It was trained "
+                 f"on scales from {low:g} to {high:g} (`meanflow.guidance_range` in config.yaml): choose one in that "
+                 "range; 1 samples unguided.")
+    elif mf.guided:
         low, high = mf.guidance_interval
         where = "" if (low, high) == (0.0, 1.0) else f", for t in [{low:g}, {high:g}] (0 = noise, 1 = data)"
         mix = f", mixing {mf.guidance_mix:g}" if mf.guidance_mix else ""

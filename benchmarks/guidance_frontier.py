@@ -1,0 +1,154 @@
+"""The guidance frontier over training seeds (issue #52): every guidance cell of `bench_guidance.py`, for each arm,
+as the mean over the training seeds scored, with the FID change against the same seeds unguided per seed, paired,
+with the study reports' percentile bootstrap interval over seeds (`vit5_sit.study.intervals`), digits and speckle; a
+plot of FID against digits; and which cells meet the target (FID-1K >= 30% below unguided, paired over seeds,
+with >= 99% of digits right).
+
+Input: the durable records `bench_guidance.py --json` writes, one per (arm, training seed), named ARM-sSEED.json
+(e.g. docs/study/guidance/sit-rope-s0.json for runs/study/sit-rope-s0 at 3,600 steps); rows of sample seed 0
+(images 0-999) only, so every cell of one record shares its noise with its unguided row.
+
+    python benchmarks/bench_guidance.py --model runs/study/sit-rope-s0 --out runs/guidance-sit-rope-s0 \\
+        --guides s400=runs/study/sit-rope-s0/checkpoints/step_0000400 \\
+        --cells cfg@1 cfg@2.5 auto:s400@1.5 --json docs/study/guidance/sit-rope-s0.json
+    python benchmarks/guidance_frontier.py docs/study/guidance --md docs/study/guidance/frontier.md \\
+        --plot docs/study/guidance/frontier.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
+from vit5_sit.study.intervals import bootstrap_interval  # noqa: E402
+
+RECORD_NAME = re.compile(r"^(?P<arm>[\w.-]+)-s(?P<seed>\d+)\.json$")
+TARGET_DROP = 0.30      # the issue's target: FID-1K at least 30% below unguided ...
+TARGET_DIGITS = 0.99    # ... with at least 99% of digits right
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: str
+    cell: str
+    label: str
+    nfe: int
+    fid: dict[int, float]        # by training seed
+    unguided: dict[int, float]   # the same seeds' unguided FID
+    digits: dict[int, float]
+    speckle: dict[int, float]
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(sorted(self.fid))
+
+    def mean(self, values: dict[int, float]) -> float:
+        return sum(values.values()) / len(values)
+
+    def change(self) -> tuple[float, tuple[float, float] | None]:
+        """The mean over training seeds of each seed's relative FID change against its own unguided FID (paired:
+        what a seed makes better or worse in both cancels), with the percentile bootstrap 95% interval of that
+        mean (None for one seed)."""
+        changes = [self.fid[s] / self.unguided[s] - 1 for s in self.seeds]
+        return sum(changes) / len(changes), bootstrap_interval(changes)
+
+    def meets_target(self) -> bool:
+        """At least 30% below unguided (the paired interval's upper end when there is one, else the mean) with
+        at least 99% of digits right on average."""
+        change, interval = self.change()
+        worst = interval[1] if interval is not None else change
+        return worst <= -TARGET_DROP and self.mean(self.digits) >= TARGET_DIGITS
+
+
+def label(row: dict) -> str:
+    if row["scale"] == 1.0:
+        return "none"
+    what = "CFG" if row["guidance"] == "cfg" else f"auto ({row['guide']})"
+    interval = "" if list(row["interval"]) == [0.0, 1.0] else f" [{row['interval'][0]:g}, {row['interval'][1]:g}]"
+    return f"{what} {row['scale']:g}{interval}"
+
+
+def read_cells(folder: Path) -> list[Cell]:
+    """The cells of every ARM-sSEED.json record in ``folder`` (sample seed 0 rows), grouped by (arm, cell)."""
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for path in sorted(folder.glob("*.json")):
+        m = RECORD_NAME.match(path.name)
+        if not m:
+            continue
+        arm, seed = m.group("arm"), int(m.group("seed"))
+        for row in json.loads(path.read_text())["rows"]:
+            if row["seed"] == 0:
+                by.setdefault((arm, row["cell"]), {})[seed] = row
+    cells = []
+    for (arm, name), rows in sorted(by.items()):
+        unguided = by.get((arm, "cfg@1"), {})
+        seeds = [s for s in rows if s in unguided]
+        if not seeds:
+            continue
+        first = rows[seeds[0]]
+        cells.append(Cell(arm, name, label(first), first["nfe"], {s: rows[s]["fid"] for s in seeds},
+                          {s: unguided[s]["fid"] for s in seeds}, {s: rows[s]["digit_accuracy"] for s in seeds},
+                          {s: rows[s]["speckle"] for s in seeds}))
+    return cells
+
+
+def table(cells: list[Cell]) -> str:
+    lines = ["| arm | guidance | NFE | training seeds | FID-1K | change vs unguided [95% paired bootstrap] | digits "
+             "| speckle | target |", "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    for c in sorted(cells, key=lambda c: (c.arm, c.cell != "cfg@1", c.label)):
+        change, interval = c.change()
+        shown = "" if c.cell == "cfg@1" else f"{100 * change:+.1f}%" + (
+            f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval is not None else "")
+        target = "" if c.cell == "cfg@1" else ("yes" if c.meets_target() else "no")
+        lines.append(f"| {c.arm} | {c.label} | {c.nfe} | {', '.join(map(str, c.seeds))} | {c.mean(c.fid):.1f} | "
+                     f"{shown} | {c.mean(c.digits):.3f} | {100 * c.mean(c.speckle):.2f}% | {target} |")
+    return "\n".join(lines)
+
+
+def plot(cells: list[Cell], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in sorted({c.arm for c in cells}):
+        mine = [c for c in cells if c.arm == arm]
+        xs, ys = [c.mean(c.digits) for c in mine], [c.mean(c.fid) for c in mine]
+        ax.scatter(xs, ys, label=arm)
+        for c, x, y in zip(mine, xs, ys, strict=True):
+            ax.annotate(c.label, (x, y), fontsize=7, xytext=(3, 2), textcoords="offset points")
+    ax.axvline(TARGET_DIGITS, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("digits right (classifier)")
+    ax.set_ylabel("FID-1K (mean over training seeds)")
+    ax.set_title("Guidance frontier, Euler 6, 3,600 steps")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", help="folder of ARM-sSEED.json records (bench_guidance.py --json)")
+    p.add_argument("--md", default=None, help="also write the table here (generated: not edited by hand)")
+    p.add_argument("--plot", default=None, help="also plot FID against digits here (PNG)")
+    args = p.parse_args(argv)
+    cells = read_cells(Path(args.folder))
+    if not cells:
+        raise SystemExit(f"{args.folder}: no ARM-sSEED.json record with an unguided row (cfg@1)")
+    text = table(cells)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(f"<!-- generated by benchmarks/guidance_frontier.py: do not edit -->\n{text}\n")
+    if args.plot:
+        plot(cells, Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""benchmarks/guidance_frontier.py: the guidance cells over training seeds, paired against unguided."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+_spec = importlib.util.spec_from_file_location("guidance_frontier", ROOT / "benchmarks" / "guidance_frontier.py")
+frontier = importlib.util.module_from_spec(_spec)
+sys.modules["guidance_frontier"] = frontier  # dataclasses look their module up while the class is made
+_spec.loader.exec_module(frontier)
+
+
+def _row(cell, scale, fid, digits, guidance="cfg", guide=None, seed=0):
+    return {"cell": cell, "guidance": guidance, "guide": guide, "scale": scale, "interval": [0.0, 1.0],
+            "seed": seed, "nfe": 6 if scale == 1 else 12, "digit_accuracy": digits, "speckle": 0.001, "fid": fid}
+
+
+def _records(folder: Path, rows_by_seed: dict[int, list[dict]]) -> Path:
+    folder.mkdir(exist_ok=True)
+    for seed, rows in rows_by_seed.items():
+        (folder / f"arm-a-s{seed}.json").write_text(json.dumps({"rows": rows}))
+    (folder / "demo.json").write_text(json.dumps({"rows": [_row("cfg@1", 1.0, 1.0, 0.5)]}))  # not ARM-sSEED
+    return folder
+
+
+def test_paired_change_and_the_target(tmp_path):
+    unguided = {0: 60.0, 1: 70.0, 2: 50.0}
+    guided = {0: 40.0, 1: 47.0, 2: 33.0}       # about -33% on every seed: the pairing removes the seeds' spread
+    weak = {0: 44.0, 1: 47.0, 2: 33.0}         # one seed drops only 27%
+    folder = _records(tmp_path / "g", {s: [
+        _row("cfg@1", 1.0, unguided[s], 0.87), _row("cfg@2.5", 2.5, guided[s], 0.995),
+        _row("auto:s4@2", 2.0, weak[s], 0.995, "auto", "s4"), _row("cfg@6", 6.0, guided[s], 0.985),
+        _row("cfg@1", 1.0, 99.0, 0.8, seed=100000)]  # other sampling noise: not read
+        for s in unguided})
+    cells = {c.cell: c for c in frontier.read_cells(folder)}
+    assert set(cells) == {"cfg@1", "cfg@2.5", "auto:s4@2", "cfg@6"} and cells["cfg@2.5"].seeds == (0, 1, 2)
+    change, interval = cells["cfg@2.5"].change()
+    assert change == pytest.approx((40 / 60 + 47 / 70 + 33 / 50) / 3 - 1)
+    assert interval is not None and interval[0] <= change <= interval[1] < -0.30
+    assert cells["cfg@2.5"].meets_target()
+    assert not cells["auto:s4@2"].meets_target()   # its paired interval reaches above -30%
+    assert not cells["cfg@6"].meets_target()       # the FID drop, but 98.5% of digits
+    text = frontier.table(list(cells.values()))
+    assert "| arm-a | CFG 2.5 | 12 | 0, 1, 2 | 40.0 | -33.4% [" in text and "| yes |" in text
+    frontier.plot(list(cells.values()), tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_no_record_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="no ARM-sSEED.json record"):
+        frontier.main([str(tmp_path)])

@@ -125,3 +125,28 @@ def test_an_official_sit_file_converts_bit_for_bit(tmp_path):
                            flow(x, t, y))
     with pytest.raises(InitFromError, match="SiT-official.pt"):  # another width: the file does not fit
         flow_state(str(tmp_path / "SiT-official.pt"), dataclasses.replace(mcfg, hidden_size=96))
+
+
+def test_export_measured_rows_join_the_card_and_name_their_checkpoint(tmp_path):
+    """`demo export --measured`: bench_guidance records of the exported checkpoint become the card's metrics rows,
+    the folder's default guidance first; a record of another model is one error."""
+    import json
+
+    from vit5_sit.common.checks import ModelLoadError
+    from vit5_sit.demo.export import DEMO_MODEL, measured_rows
+
+    row = {"cell": "cfg@2.5", "guidance": "cfg", "guide": None, "scale": 2.5, "interval": [0.0, 1.0], "seed": 0,
+           "steps": 6, "nfe": 12, "num_samples": 1000, "digit_accuracy": 0.994, "speckle": 0.0005, "fid": 48.3,
+           "sfid": 86.1, "precision": 0.195, "recall": 0.257}
+    unguided = {**row, "cell": "cfg@1", "scale": 1.0, "fid": 67.3, "digit_accuracy": 0.872}
+    record = tmp_path / "demo.json"
+    record.write_text(json.dumps({"model": str(DEMO_MODEL), "reference": "runs/study/reference.npz",
+                                  "rows": [unguided, row]}))
+    cfg = load_config(DEMO_MODEL / "config.yaml")
+    rows = measured_rows([record], DEMO_MODEL, cfg)
+    assert [r["settings"] for r in rows] == ["n1000_seed0_ode_euler_6steps_cfg2.5", "n1000_seed0_ode_euler_6steps_cfg1"]
+    assert rows[0]["fid"] == 48.3 and rows[0]["speckle"] == 0.0005 and rows[0]["reference"] == "reference.npz"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"model": str(DEMO_MODEL.parent / "demo-1step"), "rows": [row]}))
+    with pytest.raises(ModelLoadError, match="not .*demo; give the records of the exported checkpoint"):
+        measured_rows([other], DEMO_MODEL, cfg)

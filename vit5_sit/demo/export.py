@@ -50,7 +50,9 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None, samples: bool = True, progress: bool = False,
                  preset: str | None = None, image_size: int | None = None, vae=None,
-                 guide: str | Path | None = None) -> Path:
+                 guide: str | Path | None = None,
+                 measured: list[str | Path] | None = None,  # bench_guidance.py records of this checkpoint
+                 ) -> Path:
     """Write ``out/config.yaml``, the weights (``transformer/diffusion_pytorch_model.safetensors``) with the rest
     of diffusers' layout, ``out/samples.png`` (``samples``: see `draw_samples`) and the card ``out/README.md``
     from a run, checkpoint or model folder, or an official ``.pt`` file (``repo_id``: the Hub repo the card's
@@ -65,6 +67,8 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     (defaults SiT-XL/2, 256, stabilityai/sd-vae-ft-ema), see `export_official`; for our folders they are an error.
     ``guide``: autoguidance's guide, written as the folder's ``guide/`` (a model, run or checkpoint folder, or
     "auto": the guide the run kept, `vit5_sit.hub.model_files.kept_guide`), checked against the model first.
+    ``measured``: records of ``benchmarks/bench_guidance.py --json`` that measured this checkpoint (FID, sFID,
+    precision, recall, digits, speckle by steps and guidance): their rows join the card's metrics (`measured_rows`).
     """
     from vit5_sit.common.checks import ModelLoadError
 
@@ -91,6 +95,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     cfg = config_at_step(config_path, folder, overrides)
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
+    metrics = [*measured_rows(measured or (), folder, cfg), *metrics]
     ema = read_weights(weights_file(folder))  # truncated or not safetensors: one line
     check_record(weights_file(folder), config_at_step(config_path, folder), folder)  # what the weights say they are
     vae = model_vae(folder, cfg) if cfg.data.kind == "latents" else None  # a model folder's own vae/ first
@@ -105,6 +110,37 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                                               repo_id=repo_id, vae=vae, guide=guide),
         lambda: model_card(cfg, num_params, metrics, repo_id, has_samples=True),  # the card showing the grid
         samples=samples, progress=progress, sources=[folder])
+
+
+def measured_rows(records, folder: Path, cfg) -> list[dict]:
+    """The card's metrics rows of ``benchmarks/bench_guidance.py --json`` records: one per row, its settings named
+    as `eval_fid.py compare` names them (``n1000_seed0_meanflow_euler_1steps_cfg2.5``, an interval or guide
+    appended). A record that measured another checkpoint than ``folder`` is one error, not a wrong card."""
+    import json
+
+    from vit5_sit.hub.model_files import resolve_checkpoint
+
+    rows = []
+    for record in records:
+        try:
+            data = json.loads(Path(record).read_text())
+            measured, found = Path(data["model"]), data["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"--measured {record}: not a bench_guidance.py --json record ({e})") from None
+        if not measured.exists() or resolve_checkpoint(measured)[0].resolve() != folder.resolve():
+            raise ModelLoadError(f"--measured {record}: it measured {measured}, not {folder}; give the records of "
+                                 "the exported checkpoint")
+        default = float(cfg.log.sample_cfg_scale)  # the folder's default guidance first: the card quotes it
+        for r in sorted(found, key=lambda r: (float(r["scale"]) != default, r.get("steps", 0), float(r["scale"]))):
+            interval = "" if list(r["interval"]) == [0.0, 1.0] else f"_gi{r['interval'][0]:g}-{r['interval'][1]:g}"
+            guide = f"_guide-{r['guide']}" if r.get("guide") else ""
+            settings = (f"n{r['num_samples']}_seed{r['seed']}_{cfg.sampler.mode}_{cfg.sampler.method}_"
+                        f"{r.get('steps', cfg.sampler.steps)}steps_cfg{r['scale']:g}{interval}{guide}")
+            rows.append({"settings": settings, "step": cfg.train.max_steps,
+                         "reference": Path(str(data.get("reference", ""))).name or None,
+                         **{k: r[k] for k in ("fid", "sfid", "precision", "recall", "digit_accuracy", "speckle",
+                                              "num_samples") if k in r}})
+    return rows
 
 
 def export_official(path: str | Path, out: str | Path, *, preset: str | None = None, image_size: int | None = None,
@@ -266,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--push", metavar="OWNER/NAME", default=None,
                    help="also upload the folder to this Hugging Face Hub model repo (created if missing)")
     e.add_argument("--private", action="store_true", help="--push: create the repo as private")
+    e.add_argument("--measured", type=path_text, nargs="+", default=None, metavar="RECORD",
+                   help="benchmarks/bench_guidance.py --json records of this checkpoint: their rows (FID, digits, "
+                        "speckle by steps and guidance) join the card's metrics")
     e.add_argument("--guide", type=path_text, default=None, metavar="PATH",
                    help="autoguidance's guide, stored as the folder's guide/: a run, checkpoint or model folder of "
                         "the same data, classes and kind, or 'auto' (the guide the run kept)")
@@ -299,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push,
                            samples=not args.no_samples, progress=True, preset=args.preset,
-                           image_size=args.image_size, vae=args.vae, guide=args.guide)
+                           image_size=args.image_size, vae=args.vae, guide=args.guide, measured=args.measured)
     except (ModelLoadError, ConfigError, VAELoadError, GuidanceError) as err:
         print(f"error: {args.run}: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ cell makes the page's sentence fail here with the text it should now say."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -366,3 +367,40 @@ def test_cell_takes_every_seed_the_first_n_or_named_seeds_and_names_a_missing_on
         _fid(GENERATION, "sit", 3600, seeds=[3])
     with pytest.raises(KeyError, match="seeds"):
         _fid(GENERATION, "sit", 3600, seeds=4)
+
+
+def test_included_tables_are_their_generated_files():
+    """Every `<!-- include FILE -->` block of a page is FILE's generated table (benchmarks/include_tables.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("include_tables", ROOT / "benchmarks" / "include_tables.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "benchmarks" / "README.md"]
+    for page in pages:
+        text = page.read_text()
+        for m in tool.BLOCK.finditer(text):
+            assert m.group("body") == tool.body(m.group("path")), f"{page.name}: {m.group('path')} (run " \
+                "python benchmarks/include_tables.py on it)"
+        assert tool.refreshed(text) == text, page.name
+
+
+# Figures quoted from bench_guidance.py records other than the demo's frontier (docs/study/meanflow-convert/*.json,
+# docs/study/guidance/*.json), written "`RECORD CELL`: FID-1K F, D% of digits, speckle S%", each checked against
+# the record's sample-seed-0 row (RECORD: the file's path below docs/study without .json).
+RECORD_QUOTE = re.compile(r"`(?P<record>[\w./-]+) (?P<cell>(?:cfg|auto:\w+)@[\d.]+(?:@[\d.]+-[\d.]+)?)`: FID-1K "
+                          r"(?P<fid>[\d.]+), (?P<digits>[\d.]+)% of digits, speckle (?P<speckle>[\d.]+)%")
+
+
+def test_quoted_record_figures_are_the_records():
+    found = 0
+    for page in ("README.md", "docs/meanflow.md", "docs/demo.md", "docs/sampling.md", "benchmarks/README.md"):
+        for m in RECORD_QUOTE.finditer((ROOT / page).read_text()):
+            rows = {r["cell"]: r for r in json.loads((ROOT / "docs" / "study" / f"{m['record']}.json").read_text())[
+                "rows"] if r["seed"] == 0}
+            row = rows[m["cell"]]
+            assert (float(m["fid"]), float(m["digits"]), float(m["speckle"])) == (
+                round(row["fid"], 1), round(100 * row["digit_accuracy"], 1), round(100 * row["speckle"], 2)), \
+                f"{page}: {m.group(0)}"
+            found += 1
+    assert found >= 4, "docs/meanflow.md quotes the converted models' figures"

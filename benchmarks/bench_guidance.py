@@ -94,7 +94,7 @@ def sample_cell(cell: str, out: Path, model, cfg, guides: dict, num: int, seed: 
         images, labels = f["arr_0"], f["arr_1"]
     result = {"cell": cell, "guidance": "cfg" if name is None else "auto", "guide": name,
               "guide_path": None if name is None else guides[name][1], "scale": scale, "interval": list(interval),
-              "seed": seed, "steps": cfg.sampler.steps,
+              "seed": seed, "method": cfg.sampler.method, "steps": cfg.sampler.steps,
               "nfe": nfe_per_image(cfg.sampler.steps, scale, interval, model.cfg.guidance_input),
               "digit_accuracy": float((classify(images) == labels).mean()), "speckle": speckle_share(images),
               "num_samples": num, "sample_seconds": round(seconds, 1)}
@@ -152,7 +152,9 @@ def main() -> None:
     p.add_argument("--num-samples", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="seed of the first sample (default: 0)")
     p.add_argument("--steps", type=int, default=None,
-                   help="sampling steps (default: the model's sampler: Euler 6 for flow models, 1 for MeanFlow)")
+                   help="sampling steps (default: the model's sampler: Euler 6 for the demo, 1 for MeanFlow)")
+    p.add_argument("--method", default=None, help="sampler method (default: the model's; a study run's config "
+                   "says heun 25: give --method euler --steps 6 for the generation study's sampler)")
     p.add_argument("--reference", default=str(REFERENCE), help=f"reference statistics (default: {REFERENCE})")
     p.add_argument("--report", action="store_true", help="print the table from the cache only")
     p.add_argument("--json", default=None, help="also write the rows here (JSON: the durable record)")
@@ -164,10 +166,13 @@ def main() -> None:
 
         torch.set_num_threads(1)
         model, cfg = load_for_sampling(Path(args.model) if args.model else DEMO_MODEL)
-        if args.steps is not None:
-            if args.steps < 1:
-                raise SystemExit(f"--steps {args.steps}: give a number of sampling steps >= 1")
-            cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, steps=args.steps))
+        if args.steps is not None and args.steps < 1:
+            raise SystemExit(f"--steps {args.steps}: give a number of sampling steps >= 1")
+        changes = {k: v for k, v in (("steps", args.steps), ("method", args.method)) if v is not None}
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, **changes))
+        if cfg.sampler.method != "euler":  # the NFE column counts one call per step (two guided, outside iMF)
+            raise SystemExit(f"{args.model or 'demo'}: sampler method {cfg.sampler.method}: the frontier is measured "
+                             "with Euler (its network calls counted per step); give --method euler --steps N")
         guides = {}
         for spec in args.guides:
             name, _, path = spec.partition("=")
@@ -183,7 +188,7 @@ def main() -> None:
     print(table(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        keep = ("cell", "guidance", "guide", "guide_path", "scale", "interval", "seed", "steps", "nfe",
+        keep = ("cell", "guidance", "guide", "guide_path", "scale", "interval", "seed", "method", "steps", "nfe",
                 "num_samples", "digit_accuracy", "speckle", *METRICS)
         record = {"model": args.model or "vit5_sit/assets/demo", "reference": args.reference,
                   "rows": [{k: r[k] for k in keep if k in r} for r in results]}

@@ -21,8 +21,8 @@ and the training forward are separate graphs, and the JVP's batch size changes f
 ``--imf``: the MeanFlow column is improved MeanFlow's step (``meanflow.variant=imf``, the paper's ratio 0.5).
 
 ``--sampling``: the two bundled demos instead, 100 images each (10 classes x 10, seeds 0-99), with each model's
-own default sampler and guidance (the flow demo: ODE Euler 6 steps, guidance 6 = 12 network passes an image; the
-one-step demo: 1 pass), interleaved, the median of --iters rounds:
+own default sampler and guidance (the flow demo: ODE Euler 6 steps, classifier-free guidance = 12 network passes an
+image; the one-step demo: 1 pass, its guidance a network input), interleaved, the median of --iters rounds:
 
     python benchmarks/bench_meanflow.py --sampling --threads 1 --iters 3
 """
@@ -215,9 +215,11 @@ def sampling(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|")
     for name, pipe in pipes.items():
         sc, scale = pipe.config.sampler, pipe.config.log.sample_cfg_scale
-        passes = sc.steps * (2 if scale != 1 else 1)
+        as_input = pipe.config.model_config().guidance_input  # iMF: the scale is a network input, one pass
+        passes = sc.steps * (2 if scale != 1 and not as_input else 1)
         t = statistics.median(times[name])
-        print(f"| {name} | {sc.mode}/{sc.method} {sc.steps} steps, guidance {scale:g} | {passes} | {t:.2f} | "
+        how = f"guidance {scale:g}" + (" (an input)" if as_input else "")
+        print(f"| {name} | {sc.mode}/{sc.method} {sc.steps} steps, {how} | {passes} | {t:.2f} | "
               f"{10 * t:.1f} |")
     ratio = statistics.median(times["demo"]) / statistics.median(times["demo-1step"])
     print(f"one-step demo: {ratio:.1f}x faster")

@@ -184,9 +184,11 @@ def test_bundled_one_step_demo_card_says_what_it_is():
     from vit5_sit.hub.files import BUNDLED_MODELS
 
     body = _body(hub.PretrainedModel.from_pretrained(BUNDLED_MODELS["demo-1step"]).model_card())
-    assert "This is a **MeanFlow** model" in body and "samples in **1 step** by default" in body
-    assert "classifier-free guidance of scale 3 was built into its training target" in body
-    assert "FID 111.33 in 1 step" in body and "FID 51.55 in 2 steps" in body
+    assert "This is an **improved MeanFlow** (iMF) model" in body and "samples in **1 step** by default" in body
+    assert "**Guidance is an input of the network**" in body and "trained on scales from 1 to 8" in body
+    assert "| started from | the flow model `demo`, converted and fine-tuned (`train.init_from`) |" in body
+    assert "FID 87.67 in 1 step (digit accuracy 0.990)" in body and "FID 50.53 in 2 steps" in body
+    assert "`benchmarks/bench_guidance.py` |" in body  # who measured the rows
 
 
 def _run_with_metrics(tmp_path) -> Path:

@@ -137,6 +137,7 @@ def measured_rows(records, folder: Path, cfg) -> list[dict]:
             settings = (f"n{r['num_samples']}_seed{r['seed']}_{cfg.sampler.mode}_{cfg.sampler.method}_"
                         f"{r.get('steps', cfg.sampler.steps)}steps_cfg{r['scale']:g}{interval}{guide}")
             rows.append({"settings": settings, "step": cfg.train.max_steps,
+                         "measured_by": "benchmarks/bench_guidance.py",
                          "reference": Path(str(data.get("reference", ""))).name or None,
                          **{k: r[k] for k in ("fid", "sfid", "precision", "recall", "digit_accuracy", "speckle",
                                               "num_samples") if k in r}})

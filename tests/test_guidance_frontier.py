@@ -55,3 +55,11 @@ def test_paired_change_and_the_target(tmp_path):
 def test_no_record_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no ARM-sSEED.json record"):
         frontier.main([str(tmp_path)])
+
+
+def test_the_committed_frontier_is_the_records():
+    folder = ROOT / "docs" / "study" / "guidance"
+    committed = folder / "frontier.md"
+    if not committed.is_file():
+        pytest.skip("no frontier committed yet (docs/study/guidance/frontier.md)")
+    assert frontier.table(frontier.read_cells(folder)) in committed.read_text()

@@ -265,6 +265,7 @@ FLAGS: dict[str, Arg] = {
     "demo export --no-samples": SWITCH,
     "demo export --push": TEXT,        # OWNER/NAME: checked by vit5_sit.hub.api before the export
     "demo export --private": SWITCH,
+    "demo export --measured": Arg("path", role=IN),  # bench_guidance.py --json records of the checkpoint
     # python -m vit5_sit.demo.digit_classifier
     "digit_classifier --classifier": Arg("path", role=IN),
     "digit_classifier train --out": Arg("path", role=OUT, into_assets=True),  # default: the bundled classifier

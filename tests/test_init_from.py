@@ -150,3 +150,11 @@ def test_export_measured_rows_join_the_card_and_name_their_checkpoint(tmp_path):
     other.write_text(json.dumps({"model": str(DEMO_MODEL.parent / "demo-1step"), "rows": [row]}))
     with pytest.raises(ModelLoadError, match="not .*demo; give the records of the exported checkpoint"):
         measured_rows([other], DEMO_MODEL, cfg)
+
+
+def test_a_hub_id_not_in_the_cache_offline_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    flow, _ = load_for_sampling("demo")
+    with pytest.raises(InitFromError, match="train.init_from=nobody/nothing: .*offline") as e:
+        flow_state("nobody/nothing", dataclasses.replace(flow.cfg, mean_flow=True))
+    assert "\n" not in str(e.value)

@@ -46,7 +46,10 @@ def flow_state(spec: str, mcfg: ModelConfig) -> tuple[dict[str, torch.Tensor], s
     from vit5_sit.models.official import StateDictMismatch
 
     flow_cfg = dataclasses.replace(mcfg, **{k: False for k in OBJECTIVE_INPUTS})
-    path = local_model_path(spec)
+    try:
+        path = local_model_path(spec)  # a Hub repo id: its cached (or downloaded) snapshot
+    except ModelLoadError as e:
+        raise InitFromError(f"train.init_from={spec}: {e}") from None
     if not path.exists():
         raise InitFromError(f"train.init_from={spec}: no such file or folder; give a flow run folder, a checkpoint "
                             "folder, a model folder (e.g. demo) or an official SiT .pt file")

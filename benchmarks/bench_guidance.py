@@ -58,6 +58,13 @@ def parse_cell(cell: str) -> tuple[str | None, float, tuple[float, float]]:
                          f"({e})") from None
 
 
+def guidance_label(row: dict) -> str:
+    """What guides a result row: 'none', 'CFG' or 'auto (GUIDE)' (for an iMF model 'CFG' is its guidance input)."""
+    if row["scale"] == 1.0:
+        return "none"
+    return "CFG" if row["guidance"] == "cfg" else f"auto ({row['guide']})"
+
+
 def tag(cell: str, seed: int) -> str:
     return cell.replace(":", "_").replace("@", "_") + (f"_seed{seed}" if seed else "")
 
@@ -133,7 +140,7 @@ def table(results: list[dict]) -> str:
     order = sorted(results, key=lambda r: (r["scale"] != 1.0, r["guidance"], r["guide"] or "", r["interval"],
                                            r["scale"], r["seed"]))
     for r in order:
-        what = "none" if r["scale"] == 1.0 else ("CFG" if r["guidance"] == "cfg" else f"auto ({r['guide']})")
+        what = guidance_label(r)
         change = (f"{100 * (r['fid'] / base[r['seed']] - 1):+.1f}%" if r["seed"] in base and r["scale"] != 1.0
                   else "")
         interval = "" if r["interval"] == [0.0, 1.0] else f"[{r['interval'][0]:g}, {r['interval'][1]:g}]"

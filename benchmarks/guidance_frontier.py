@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_guidance, beside this file
+from bench_guidance import guidance_label  # noqa: E402
+
 from vit5_sit.study.intervals import bootstrap_interval  # noqa: E402
 
 RECORD_NAME = re.compile(r"^(?P<arm>[\w.-]+)-s(?P<seed>\d+)\.json$")
@@ -68,7 +71,7 @@ class Cell:
 def label(row: dict) -> str:
     if row["scale"] == 1.0:
         return "none"
-    what = "CFG" if row["guidance"] == "cfg" else f"auto ({row['guide']})"
+    what = guidance_label(row)
     interval = "" if list(row["interval"]) == [0.0, 1.0] else f" [{row['interval'][0]:g}, {row['interval'][1]:g}]"
     return f"{what} {row['scale']:g}{interval}"
 

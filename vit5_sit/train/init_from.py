@@ -7,7 +7,8 @@ flow model into it; what only the new objective has starts so that it changes no
 - MeanFlow's ``interval_embedder`` (the interval length t - r): its last layer at zero, so its term in the
   conditioning is 0 and the converted model predicts exactly the flow model's velocity, for every interval, at
   step 0 (bit for bit: tests/test_init_from.py);
-- iMF's ``guidance_embedder``: zero last layers already (neutral from the start, `GuidanceEmbedder`).
+- iMF's ``guidance_embedder``: zero last layers already, as every fresh model's (`Denoiser`'s init, the one place
+  that decides it; the bit-for-bit test would catch a change there).
 
 The fine-tuning then learns the average velocity from a model that already knows the instantaneous one. The EMA
 starts at the converted weights (the flow model's EMA weights, which are the ones worth keeping). The model's
@@ -94,7 +95,7 @@ def _step_of(path: Path) -> int | None:
 
 def convert(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
     """Copy the flow weights ``state`` into ``model`` (a `Denoiser` of the same architecture, possibly with the
-    objective's inputs) and start those inputs neutral; returns the names of the parameters that did not come
+    objective's inputs) and start the interval input neutral; returns the names of the parameters that did not come
     from ``state``. Any other missing or unexpected weight is an error (a different architecture)."""
     own = model.state_dict()
     new = sorted(k for k in own if k not in state)
@@ -115,9 +116,4 @@ def convert(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
         if interval is not None:  # its term in the conditioning is 0: the converted model is the flow model
             nn.init.zeros_(interval.mlp[2].weight)
             nn.init.zeros_(interval.mlp[2].bias)
-        guidance = getattr(model, "guidance_embedder", None)
-        if guidance is not None:  # neutral (also its fresh init; said again here, where it matters)
-            for embedder in (guidance.scale, guidance.low, guidance.high):
-                nn.init.zeros_(embedder.mlp[2].weight)
-                nn.init.zeros_(embedder.mlp[2].bias)
     return new

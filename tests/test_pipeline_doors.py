@@ -292,6 +292,41 @@ def test_diffusers_habits_on_the_folder_pipeline(doors, tmp_path, modules_cache,
             door.enable_model_cpu_offload()
 
 
+def test_both_doors_have_a_scheduler_whose_config_builds_diffusers_ones(doors, modules_cache):
+    """diffusers' habit ``Other.from_config(pipe.scheduler.config, ...)``: the package's scheduler is ours too (it was
+    None), with the folder's config; a flow-mode DPM built that way gives the same images through both doors, and our
+    scheduler with other settings set on either door changes its default sampler alike."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    pipe, folder = doors
+    folder = _folder_door(folder.config._name_or_path, modules_cache)  # a copy: its scheduler is swapped
+    own = pipe.scheduler
+    assert type(own).__name__ == type(folder.scheduler).__name__ == "Vit5SitScheduler"
+    assert {k: v for k, v in own.config.items() if not k.startswith("_")} == \
+        {k: v for k, v in folder.scheduler.config.items() if not k.startswith("_")}
+    assert pipe.components["scheduler"].config == own.config
+    flow = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
+    try:
+        pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, **flow)
+        folder.scheduler = DPMSolverMultistepScheduler.from_config(folder.scheduler.config, **flow)
+        assert np.array_equal(pipe([1, 2], seed=0, num_inference_steps=3, output_type="np").images,
+                              folder([1, 2], seed=0, num_inference_steps=3, output_type="np").images)
+        with pytest.raises(ValueError, match="flow mode"):
+            pipe.scheduler = DPMSolverMultistepScheduler.from_config(own.config)
+        three = type(own).from_config(own.config, steps=3)
+        pipe.scheduler = three
+        folder.scheduler = type(folder.own_scheduler()).from_config(folder.own_scheduler().config, steps=3)
+        assert pipe.scheduler.config["steps"] == 3 and pipe.components["scheduler"].config["steps"] == 3
+        want = pipe([1, 2], seed=0, output_type="np").images
+        assert np.array_equal(folder([1, 2], seed=0, output_type="np").images, want)
+        pipe.scheduler = None
+        assert np.array_equal(pipe([1, 2], seed=0, num_inference_steps=3, output_type="np").images, want)
+        with pytest.raises(ValueError, match="transport"):
+            pipe.scheduler = type(own).from_config(own.config, path="gvp")
+    finally:
+        pipe.scheduler = own
+
+
 def test_the_pipeline_is_a_lazy_export_of_the_package():
     code = ("import sys, vit5_sit; assert 'torch' not in sys.modules; "
             "from vit5_sit import Vit5SitPipeline; print(Vit5SitPipeline.__module__)")

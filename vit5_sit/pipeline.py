@@ -43,6 +43,7 @@ images per class label; a tqdm bar over sampler steps (``set_progress_bar_config
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -66,6 +67,7 @@ from vit5_sit.sampling.call import (  # the call both doors share; these names a
 )
 from vit5_sit.transport import Transport, check_guide
 from vit5_sit.transport.guidance import trained_guidance
+from vit5_sit.transport.samplers import SamplerConfig
 
 __all__ = ["MAX_SEED", "OUTPUT_TYPES", "PIPELINE_ARGS", "NFELimitError", "Vit5SitPipeline", "Vit5SitPipelineOutput",
            "convert_images", "draw_seeds"]
@@ -84,10 +86,7 @@ class Vit5SitPipeline:
         self.guide = guide
         self.metrics = list(metrics or [])  # measured metrics, carried into save_pretrained's model card
         self.transport = Transport(config.transport)
-        if scheduler is not None:  # a diffusers flow scheduler; None = our samplers (the config's sampler)
-            from vit5_sit.transport.diffusers_schedulers import check_scheduler
-
-            check_scheduler(scheduler, self.transport)
+        self._scheduler = None            # a diffusers flow scheduler, or None: ours (see `scheduler`)
         self.scheduler = scheduler
         self.latent = config.data.kind == "latents"
         self._vae = vae                   # None until first needed: a name/path, or a loaded AutoencoderKL
@@ -184,9 +183,40 @@ class Vit5SitPipeline:
         return self.model
 
     @property
+    def scheduler(self):
+        """As in diffusers: a diffusers flow scheduler if one was set (``scheduler=`` or ``pipe.scheduler = ...``),
+        else ours, `vit5_sit.hub.components.Vit5SitScheduler` (the config's transport and sampler, as a model
+        folder's ``scheduler/`` holds them), so ``OtherScheduler.from_config(pipe.scheduler.config, ...)`` works."""
+        if self._scheduler is not None:
+            return self._scheduler
+        from vit5_sit.hub.components import Vit5SitScheduler
+
+        return Vit5SitScheduler(**dataclasses.asdict(self.config.transport), **dataclasses.asdict(self.config.sampler))
+
+    @scheduler.setter
+    def scheduler(self, scheduler) -> None:
+        """A diffusers flow scheduler (checked against the model's transport), or ours / None: the config's sampler
+        (ours with other sampler settings makes them the config's: a later `save_pretrained` keeps them)."""
+        if scheduler is None:
+            self._scheduler = None
+        elif hasattr(scheduler, "transport") and hasattr(scheduler, "sampler_config"):  # ours (package or folder)
+            if dataclasses.asdict(scheduler.transport.cfg) != dataclasses.asdict(self.config.transport):
+                raise ValueError(f"this Vit5SitScheduler's transport ({scheduler.transport.cfg}) is not the one the "
+                                 f"model was trained with ({self.config.transport}): build it from this model's "
+                                 "folder or from pipe.scheduler.config")
+            self.config = dataclasses.replace(self.config, sampler=SamplerConfig(**dataclasses.asdict(
+                scheduler.sampler)))
+            self._scheduler = None
+        else:
+            from vit5_sit.transport.diffusers_schedulers import check_scheduler
+
+            check_scheduler(scheduler, self.transport)
+            self._scheduler = scheduler
+
+    @property
     def components(self) -> dict:
-        """As in diffusers: the parts by name (``transformer``, ``scheduler``: a diffusers scheduler or None for
-        our samplers, ``vae``: None for pixel models)."""
+        """As in diffusers: the parts by name (``transformer``, ``scheduler``: a diffusers flow scheduler or ours,
+        ``vae``: None for pixel models, ``guide``: autoguidance's guide or None)."""
         return {"transformer": self.model, "scheduler": self.scheduler, "vae": self.vae, "guide": self.guide}
 
     def enable_model_cpu_offload(self, gpu_id: int | None = None, device: torch.device | str = "cuda") -> None:
@@ -277,8 +307,8 @@ class Vit5SitPipeline:
         """
         plan = plan_call(locals(), num_classes=self.model.cfg.num_classes,
                          default_scale=self.config.log.sample_cfg_scale, sampler=self.config.sampler,
-                         scheduler=self.scheduler, parse_name=parse_classes,
+                         scheduler=self._scheduler, parse_name=parse_classes,
                          trained_guidance=trained_guidance(self.config), guide=self.guide)
         return run_call(plan, self.model, self.transport, progress_bar=self.progress_bar,
                         vae=None if output_type == "latent" else self.vae, device=self.device,
-                        scheduler=self.scheduler, guide=self.guide)
+                        scheduler=self._scheduler, guide=self.guide)

@@ -13,6 +13,11 @@ Input: the durable records `bench_guidance.py --json` writes, one per (arm, trai
         --cells cfg@1 cfg@2.5 auto:s400@1.5 --json docs/study/guidance/sit-rope-s0.json
     python benchmarks/guidance_frontier.py docs/study/guidance --md docs/study/guidance/frontier.md \\
         --plot docs/study/guidance/frontier.png
+
+``--models LABEL=RECORD`` adds single models (one record each, e.g. the bundled flow demo and the one-step models at
+1 and 2 steps) as a second table, each cell's change against the same record's unguided row: one training seed,
+so no interval. NFE counts network passes per image (an improved-MeanFlow model takes its guidance as an input:
+one pass a step, guided or not).
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ from vit5_sit.study.intervals import bootstrap_interval  # noqa: E402
 RECORD_NAME = re.compile(r"^(?P<arm>[\w.-]+)-s(?P<seed>\d+)\.json$")
 TARGET_DROP = 0.30      # the issue's target: FID-1K at least 30% below unguided ...
 TARGET_DIGITS = 0.99    # ... with at least 99% of digits right
+ROOT = Path(__file__).resolve().parents[1]
+# The single models of the committed frontier (--models' default): the bundled flow demo and the bundled one-step
+# model (the demo converted with iMF, 822 steps) at 1 and 2 steps, each record relative to the repository.
+MODELS = {"demo (flow)": "docs/study/guidance/demo.json",
+          "demo-1step (iMF), 1 step": "docs/study/meanflow-convert/demo-imf-822-1nfe.json",
+          "demo-1step (iMF), 2 steps": "docs/study/meanflow-convert/demo-imf-822-2nfe.json"}
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,23 @@ def read_cells(folder: Path) -> list[Cell]:
     return cells
 
 
+def read_models(models: list[str]) -> list[Cell]:
+    """The cells of single-model records (``LABEL=RECORD``), the label as the arm and training seed 0."""
+    cells = []
+    for item in models:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            raise SystemExit(f"--models {item!r}: give LABEL=RECORD, RECORD a bench_guidance.py --json file")
+        rows = {row["cell"]: row for row in json.loads(Path(path).read_text())["rows"] if row["seed"] == 0}
+        if "cfg@1" not in rows:
+            raise SystemExit(f"--models {item!r}: {path} has no unguided row (cfg@1) of sample seed 0")
+        unguided = rows["cfg@1"]["fid"]
+        for cell, row in sorted(rows.items()):
+            cells.append(Cell(name, cell, label(row), row["nfe"], {0: row["fid"]}, {0: unguided},
+                              {0: row["digit_accuracy"]}, {0: row["speckle"]}))
+    return cells
+
+
 def table(cells: list[Cell]) -> str:
     lines = ["| arm | guidance | NFE | training seeds | FID-1K | change vs unguided [95% paired bootstrap] | digits "
              "| speckle | target |", "|---|---|---:|---|---:|---:|---:|---:|---|"]
@@ -113,24 +141,44 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def plot(cells: list[Cell], out: Path) -> None:
+def models_table(cells: list[Cell]) -> str:
+    """Single models: one record each, so the change is that record's, without an interval."""
+    lines = ["| model | guidance | NFE | FID-1K | change vs its unguided | digits | speckle | target |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    order = {c.arm: i for i, c in reversed(list(enumerate(cells)))}
+    for c in sorted(cells, key=lambda c: (order[c.arm], c.cell != "cfg@1", c.nfe, c.label)):
+        change, _ = c.change()
+        shown = "" if c.cell == "cfg@1" else f"{100 * change:+.1f}%"
+        target = "" if c.cell == "cfg@1" else ("yes" if c.meets_target() else "no")
+        lines.append(f"| {c.arm} | {c.label} | {c.nfe} | {c.mean(c.fid):.1f} | {shown} | {c.mean(c.digits):.3f} | "
+                     f"{100 * c.mean(c.speckle):.2f}% | {target} |")
+    return "\n".join(lines)
+
+
+def plot(cells: list[Cell], out: Path, models: list[Cell] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 6))
     for arm in sorted({c.arm for c in cells}):
         mine = [c for c in cells if c.arm == arm]
         xs, ys = [c.mean(c.digits) for c in mine], [c.mean(c.fid) for c in mine]
         ax.scatter(xs, ys, label=arm)
         for c, x, y in zip(mine, xs, ys, strict=True):
             ax.annotate(c.label, (x, y), fontsize=7, xytext=(3, 2), textcoords="offset points")
+    for name in dict.fromkeys(c.arm for c in models):  # single models: crosses, labelled with their NFE
+        mine = [c for c in models if c.arm == name]
+        xs, ys = [c.mean(c.digits) for c in mine], [c.mean(c.fid) for c in mine]
+        ax.scatter(xs, ys, marker="x", label=name)
+        for c, x, y in zip(mine, xs, ys, strict=True):
+            ax.annotate(f"{c.label}, {c.nfe} NFE", (x, y), fontsize=6, xytext=(3, -7), textcoords="offset points")
     ax.axvline(TARGET_DIGITS, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("digits right (classifier)")
     ax.set_ylabel("FID-1K (mean over training seeds)")
-    ax.set_title("Guidance frontier, Euler 6, 3,600 steps")
-    ax.legend()
+    ax.set_title("Guidance frontier, 3,600 steps (arms: Euler 6, mean over training seeds)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -141,16 +189,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folder", help="folder of ARM-sSEED.json records (bench_guidance.py --json)")
     p.add_argument("--md", default=None, help="also write the table here (generated: not edited by hand)")
     p.add_argument("--plot", default=None, help="also plot FID against digits here (PNG)")
+    p.add_argument("--models", nargs="*", default=None, metavar="LABEL=RECORD",
+                   help="single models (a bench_guidance.py --json record each) in a second table (default: "
+                        "the bundled demos, MODELS; --models alone: none)")
     args = p.parse_args(argv)
     cells = read_cells(Path(args.folder))
     if not cells:
         raise SystemExit(f"{args.folder}: no ARM-sSEED.json record with an unguided row (cfg@1)")
     text = table(cells)
+    models = read_models(args.models if args.models is not None else
+                         [f"{k}={ROOT / v}" for k, v in MODELS.items()])
+    if models:
+        text += ("\n\nSingle models (one training seed each; the change is against the same record's unguided row; "
+                 "for the iMF model CFG s is its guidance input, one network pass a step):"
+                 "\n\n" + models_table(models))
     print(text)
     if args.md:
         Path(args.md).write_text(f"<!-- generated by benchmarks/guidance_frontier.py: do not edit -->\n{text}\n")
     if args.plot:
-        plot(cells, Path(args.plot))
+        plot(cells, Path(args.plot), models)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,27 @@ def test_paired_change_and_the_target(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
+def test_single_models_get_their_own_table_against_their_own_unguided_row(tmp_path):
+    record = tmp_path / "one.json"
+    record.write_text(json.dumps({"rows": [_row("cfg@1", 1.0, 80.0, 0.9), _row("cfg@3", 3.0, 52.0, 0.995),
+                                           _row("cfg@3", 3.0, 10.0, 0.995, seed=100000)]}))  # other noise: not read
+    cells = frontier.read_models([f"one step={record}"])
+    assert [(c.arm, c.cell) for c in cells] == [("one step", "cfg@1"), ("one step", "cfg@3")]
+    assert cells[1].change() == (pytest.approx(-0.35), None) and cells[1].meets_target()
+    text = frontier.models_table(cells)
+    assert "| one step | CFG 3 | 12 | 52.0 | -35.0% | 0.995 | 0.10% | yes |" in text
+    folder = _records(tmp_path / "g", {0: [_row("cfg@1", 1.0, 60.0, 0.87)]})
+    frontier.main([str(folder), "--md", str(tmp_path / "f.md"), "--plot", str(tmp_path / "f.png"),
+                   "--models", f"one step={record}"])
+    assert text in (tmp_path / "f.md").read_text() and (tmp_path / "f.png").stat().st_size > 1000
+    for bad in ("no-equals-sign", f"={record}", f"x={tmp_path / 'missing.json'}"):
+        with pytest.raises(SystemExit, match="LABEL=RECORD"):
+            frontier.read_models([bad])
+    (tmp_path / "guided.json").write_text(json.dumps({"rows": [_row("cfg@3", 3.0, 52.0, 0.995)]}))
+    with pytest.raises(SystemExit, match="no unguided row"):
+        frontier.read_models([f"x={tmp_path / 'guided.json'}"])
+
+
 def test_no_record_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no ARM-sSEED.json record"):
         frontier.main([str(tmp_path)])
@@ -63,3 +84,6 @@ def test_the_committed_frontier_is_the_records():
     if not committed.is_file():
         pytest.skip("no frontier committed yet (docs/study/guidance/frontier.md)")
     assert frontier.table(frontier.read_cells(folder)) in committed.read_text()
+    models = frontier.MODELS
+    assert frontier.models_table(frontier.read_models([f"{k}={ROOT / v}" for k, v in models.items()])) \
+        in committed.read_text()

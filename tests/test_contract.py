@@ -140,7 +140,7 @@ def test_study_keys_each_have_an_entry():
     for group in re.findall(r"_known\([^,]+, \w+, \{([^}]*)\}", source):
         allowed |= set(re.findall(r'"(\w+)"', group))
     top = {"name", "output_dir", "results_dir", "steps", "seeds", "eval", "arms", "decision"}
-    arm = {"name", "config", "overrides", "seeds", "label"}
+    arm = {"name", "config", "overrides", "seeds", "label", "guide"}
     decision = {"reference", "candidates", "baseline", "min_seeds"}
     assert allowed == top | arm | decision  # the loader's sets, as read here
     evals = {f.name for f in dataclasses.fields(spec.EvalSpec)} | {"cfg_scale"}

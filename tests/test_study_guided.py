@@ -347,3 +347,60 @@ def test_a_tiny_study_is_evaluated_unguided_and_guided_end_to_end(tmp_path, monk
     assert [r["fid"] for r in again] == [r["fid"] for r in rows]
     saved = saved_rows(spec, tmp_path / "results" / "study.json")
     assert runner.scored_steps(spec, spec.arms[0], 0, saved) == [2]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# #52: autoguidance in the study's evaluation: a guide per arm (the same run at a step, another run, or none).
+
+def test_guides_in_a_study_file_are_checked_where_they_enter(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY_CONFIG)
+    arms = [{"name": "a", "config": str(cfg)}]
+    base = {"metrics": ["fid"], "noise_seed": None, "reference_data": str(tmp_path / "digits"),
+            "cfg_scales": [1.0, 2.0]}
+    for guide, message in [("step:150", "no checkpoint at step 150"), ("step:0", "positive whole step"),
+                           ("step:x", "positive whole step"), (7, "expected step:N"), ("none", "leave eval.guide out"),
+                           ("runs/g-{arm}", "only placeholder")]:
+        with pytest.raises(StudyError, match=re.escape(message)):
+            load_study(_study(tmp_path, {**base, "guide": guide}, arms=arms))
+    with pytest.raises(StudyError, match="no guided scale"):
+        load_study(_study(tmp_path, {**base, "guide": "step:100", "cfg_scales": [1.0]}, arms=arms))
+    with pytest.raises(StudyError, match=r"arms\[0\].guide: 'step:-1'"):
+        load_study(_study(tmp_path, base, arms=[{**arms[0], "guide": "step:-1"}]))
+    spec = load_study(_study(tmp_path, {**base, "guide": "step:100"},
+                             arms=[*arms, {"name": "b", "config": str(cfg), "guide": "none"},
+                                   {"name": "c", "config": str(cfg), "guide": "runs/small-s{seed}"}]))
+    a, b, c = spec.arms
+    assert [spec.guide_for(x, 1, 2.0) for x in (a, b, c)] == ["step:100", None, "runs/small-s1"]
+    assert spec.guide_for(a, 1, 1.0) is None and spec.guide_text == "per arm"
+
+
+@pytest.mark.slow
+@needs_inception
+def test_a_tiny_study_is_evaluated_with_autoguidance(tmp_path):
+    """Real training and Inception: the arm is guided by its own step-2 checkpoint (eval.guide: step:2); rows say
+    which guide they used, the samples' manifest names it, the report says autoguided, and saved scores of another
+    guide are not kept (its unguided ones are)."""
+    data = image_folder(tmp_path / "data", per_class=8, prefix="c")
+    cfg = tiny_run_config(tmp_path / "tiny.yaml", data, max_steps=4)
+    eval_ = {"num_samples": 16, "noise_seed": None, "steps": 2, "method": "euler", "cfg_scales": [1.0, 2.0],
+             "metrics": ["fid"], "reference_data": str(data), "batch_size": 8, "guide": "step:2"}
+    arms = [{"name": "a", "config": str(cfg)}]
+    path = _study(tmp_path, eval_, arms=arms, steps=[4], seeds=[0])
+    spec = load_study(path)
+    assert runner.train_all(spec, poll_s=0.5, log=lambda *_: None) == [("a", 0, 0)]
+    rows = runner.evaluate_all(spec, progress=False, log=lambda *_: None)
+    assert [(r["cfg_scale"], r.get("guide")) for r in rows] == [(1.0, None), (2.0, "step:2")]
+    made = [json.loads(Path(r["samples"] + ".json").read_text()) for r in rows]
+    from vit5_sit.hub.model_files import model_identity
+
+    step2 = tmp_path / "runs" / "a-s0" / "checkpoints" / "step_0000002"
+    assert made[1]["guide"] == json.loads(json.dumps(model_identity(step2)))  # the run's own step-2 checkpoint
+    assert made[0].get("guide") is None
+    assert main(["report", str(path)]) == 0
+    text = (tmp_path / "results" / "study.md").read_text()
+    assert "### FID, autoguided (weight 2, guide step:2)" in text and "### FID, unguided (cfg 1)" in text
+    assert len(saved_rows(spec, tmp_path / "results" / "study.json")) == 2
+    other = load_study(_study(tmp_path, {**eval_, "guide": "step:4"}, arms=arms, steps=[4], seeds=[0]))
+    kept = saved_rows(other, tmp_path / "results" / "study.json", log=lambda *_: None)
+    assert [(r["arm"], r["cfg_scale"]) for r in kept] == [("a", 1.0)]

@@ -41,7 +41,7 @@ METRIC_LABELS = {"fid": "FID", "sfid": "sFID", "precision": "precision", "recall
 _DIGITS = {"fid": 1, "sfid": 1, "is": 2}  # decimals shown; 3 for the others (shares, KID)
 # The evaluation settings a saved score depends on besides its own row's sample seed and guidance scale: scores
 # made under others are not mixed in. (The metric list is not one: a metric added later is absent from old rows.)
-SCORE_SETTINGS = ("num_samples", "mode", "method", "steps", "reference_data")
+SCORE_SETTINGS = ("num_samples", "mode", "method", "steps", "reference_data")  # the guide: checked per row
 
 
 def row_cfg(spec: StudySpec, row: dict) -> float:
@@ -49,8 +49,11 @@ def row_cfg(spec: StudySpec, row: dict) -> float:
     return float(row.get("cfg_scale", spec.eval.cfg_scales[0]))
 
 
-def guidance_label(scale: float) -> str:
-    return "unguided (cfg 1)" if scale == 1 else f"guided (cfg {scale:g})"
+def guidance_label(scale: float, guide: str | None = None) -> str:
+    """The report's name of a guidance scale; ``guide``: the study's autoguidance guide (`StudySpec.guide_text`)."""
+    if scale == 1:
+        return "unguided (cfg 1)"
+    return f"guided (cfg {scale:g})" if guide is None else f"autoguided (weight {scale:g}, guide {guide})"
 
 
 def _scale(spec: StudySpec, cfg_scale: float | None) -> float:
@@ -213,7 +216,7 @@ def _mean_interval_lines(spec: StudySpec, rows: list[dict], scale: float) -> lis
     cells = {(m["arm"], m["step"]): m for m in mean_intervals(spec, rows, scale)}
     if not any(m["n"] > 1 for m in cells.values()):
         return []
-    lines = [f"### FID with 95% intervals, {guidance_label(scale)}", "",
+    lines = [f"### FID with 95% intervals, {guidance_label(scale, spec.guide_text)}", "",
              "Each cell: the mean FID, its bootstrap interval, then its t-interval. " + _interval_settings_text(),
              "", "| arm | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |", "|---|" + "---:|" * len(spec.steps)]
     for arm in spec.arms:
@@ -245,7 +248,7 @@ def _delta_interval_cell(entry: dict) -> str:
 def _component_interval_lines(spec: StudySpec, deltas: list[dict], scale: float) -> list[str]:
     if not any(len(d["diffs"]) > 1 for d in deltas):
         return []
-    lines = [f"### Components, {guidance_label(scale)}: 95% intervals of the paired change", "",
+    lines = [f"### Components, {guidance_label(scale, spec.guide_text)}: 95% intervals of the paired change", "",
              "Each cell: the mean paired change FID(arm, seed) - FID(base, seed), its bootstrap interval, its "
              "t-interval, and the share of bootstrap resamples (the seeds resampled as pairs) in which the arm's mean "
              "FID is the lower, a tie counted half. " + _interval_settings_text(), "",
@@ -265,7 +268,8 @@ def _component_lines(spec: StudySpec, rows: list[dict], scale: float) -> list[st
     deltas = component_deltas(spec, rows, cfg_scale=scale)
     if not deltas:
         return []
-    lines = [f"### Components, {guidance_label(scale)}: FID change against the base arm, paired by training seed", "",
+    lines = [f"### Components, {guidance_label(scale, spec.guide_text)}: FID change against the base arm, paired by "
+             "training seed", "",
              "Each arm that changes a base arm (same config, no overrides): the mean ± sd over training seeds of "
              "FID(arm, seed) - FID(base, seed), on the seeds both have. Negative: the change lowers FID (better).",
              "", "| arm | change | base | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
@@ -365,7 +369,7 @@ def verdict(spec: StudySpec, d: dict) -> str:
     """The decision of one guidance scale in plain words, with what is still missing for the final one."""
     ref = d["reference"]
     if d["step"] is None:
-        return f"{guidance_label(d['cfg_scale']).capitalize()}: {_needs_text(d)}."
+        return f"{guidance_label(d['cfg_scale'], spec.guide_text).capitalize()}: {_needs_text(d)}."
     best = d["ranking"][0][0]
     where = f"at step {d['step']:,} ({len(d['ranking'])} candidates with ≥ {d['min_seeds']} seeds)"
     if best == ref:
@@ -380,7 +384,7 @@ def verdict(spec: StudySpec, d: dict) -> str:
         text += f"; provisional, {_needs_text(d)}"
     head = _headline(d)
     ordering = f" {ordering_text(spec, head)}." if head else ""
-    return f"{guidance_label(d['cfg_scale']).capitalize()}: {text}.{ordering}{_planned_text(d)}"
+    return f"{guidance_label(d['cfg_scale'], spec.guide_text).capitalize()}: {text}.{ordering}{_planned_text(d)}"
 
 
 def _arm_words(spec: StudySpec, name: str) -> str:
@@ -454,7 +458,8 @@ def _planned_text(d: dict) -> str:
 
 def _decision_lines(spec: StudySpec, d: dict) -> list[str]:
     rule = spec.decision
-    lines = [f"### Decision, {guidance_label(d['cfg_scale'])} (the pre-registered rule, applied to the table)", "",
+    lines = [f"### Decision, {guidance_label(d['cfg_scale'], spec.guide_text)} (the pre-registered rule, applied to "
+             "the table)", "",
              f"Candidates: {', '.join(rule.candidates)}; the default stays `{rule.reference}` unless the best "
              f"candidate's lead in mean FID exceeds sqrt(sd_best² + sd_{rule.reference}²), at the last step where "
              f"`{rule.reference}` and another candidate have ≥ {rule.min_seeds} training seeds.", ""]
@@ -541,7 +546,7 @@ def _metric_tables(spec: StudySpec, rows: list[dict], scale: float) -> list[str]
     lines = []
     for metric in spec.eval.metrics:
         agg = aggregate(spec, rows, metric, scale)
-        lines += [f"### {METRIC_LABELS.get(metric, metric)}, {guidance_label(scale)}", "",
+        lines += [f"### {METRIC_LABELS.get(metric, metric)}, {guidance_label(scale, spec.guide_text)}", "",
                   "| arm | overrides | " + " | ".join(f"step {s:,}" for s in spec.steps) + " |",
                   "|---|---|" + "---:|" * len(spec.steps)]
         for arm in spec.arms:
@@ -557,7 +562,7 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
     """The markdown of study.md."""
     e = spec.eval
     ref = spec.reference_path
-    scales = ", ".join(guidance_label(c) for c in e.cfg_scales)
+    scales = ", ".join(guidance_label(c, spec.guide_text) for c in e.cfg_scales)
     lines = [
         f"# Study {spec.name}: mean ± sd over training seeds",
         "",
@@ -580,13 +585,13 @@ def format_report(spec: StudySpec, rows: list[dict]) -> str:
     if decisions:
         lines += ["## Verdict", ""] + [f"- {verdict(spec, d)}" for d in decisions] + [""]
     for scale in e.cfg_scales:
-        lines += [f"## {guidance_label(scale).capitalize()}", ""]
+        lines += [f"## {guidance_label(scale, spec.guide_text).capitalize()}", ""]
         lines += _metric_tables(spec, rows, scale)
         lines += _mean_interval_lines(spec, rows, scale)
         lines += _component_lines(spec, rows, scale)
         noise = sampling_noise(spec, rows, cfg_scale=scale)
         if noise:
-            lines += [f"### Sampling noise (FID), {guidance_label(scale)}", "",
+            lines += [f"### Sampling noise (FID), {guidance_label(scale, spec.guide_text)}", "",
                       f"The same checkpoints scored with a second set of sample seeds ({e.noise_seed}.."
                       f"{e.noise_seed + e.num_samples - 1}); sd = sqrt(mean(d^2)/2) of the differences d, to set "
                       "beside the training-seed sd above.", "",
@@ -632,7 +637,7 @@ def plot_study(spec: StudySpec, rows: list[dict], path: Path, metric: str = "fid
             ax.scatter([a["step"]] * len(a["values"]), a["values"], color=color, s=8, alpha=0.6)
     ax.set_xlabel("training step")
     ax.set_ylabel(METRIC_LABELS.get(metric, metric) + f"-{spec.eval.num_samples}")
-    ax.set_title(f"{spec.name}, {guidance_label(scale)}: mean ± sd over training seeds", fontsize=10)
+    ax.set_title(f"{spec.name}, {guidance_label(scale, spec.guide_text)}: mean ± sd over training seeds", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -713,19 +718,21 @@ def saved_rows(spec: StudySpec, path: str | Path, log=print) -> list[dict]:
     legacy = settings.get("cfg_scale", (settings.get("cfg_scales") or [1.0])[0])  # rows without a scale
     if not _finite(legacy):
         legacy = None
-    arms = {a.name: set(a.seeds) for a in spec.arms}
+    arms = {a.name: a for a in spec.arms}
     sample_seeds = {spec.eval.sample_seed, spec.eval.noise_seed} - {None}
     kept = []
     for r in rows:
         scale = r.get("cfg_scale", legacy)
-        if (r["seed"] in arms.get(r["arm"], ()) and r["step"] in spec.steps and r["sample_seed"] in sample_seeds
-                and scale is not None and float(scale) in spec.eval.cfg_scales):
+        arm = arms.get(r["arm"])
+        if (arm is not None and r["seed"] in arm.seeds and r["step"] in spec.steps and r["sample_seed"] in sample_seeds
+                and scale is not None and float(scale) in spec.eval.cfg_scales
+                and r.get("guide") == spec.guide_for(arm, r["seed"], float(scale))):  # guided as this study guides
             kept.append({**r, "cfg_scale": float(scale)})
     if problem := rows_problem(spec, kept):  # rows of an older file, without a scale, take the legacy one
         raise StudyError(f"{path}: {problem}; {fix}")
     if len(kept) < len(rows):
-        log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds, steps, sample seeds or guidance "
-            "scales this study no longer has: the new report does not keep them")
+        log(f"note: {len(rows) - len(kept)} scores in {path} are of arms, seeds, steps, sample seeds, guidance "
+            "scales or guides this study no longer has: the new report does not keep them")
     return kept
 
 
@@ -789,7 +796,8 @@ def write_report(spec: StudySpec, rows: list[dict], out_dir: str | Path | None =
     scales = spec.eval.cfg_scales
     payload = {"study": spec.name, "steps": list(spec.steps), "eval": spec.eval.__dict__,
                "arms": [{"name": a.name, "label": a.label, "config": a.config, "overrides": list(a.overrides),
-                         "seeds": list(a.seeds)} for a in spec.arms],
+                         "seeds": list(a.seeds), **({"guide": a.guide} if a.guide is not None else {})}
+                        for a in spec.arms],
                "aggregate": {m: [e for c in scales for e in aggregate(spec, rows, m, c)] for m in spec.eval.metrics},
                "sampling_noise": [n for c in scales for n in sampling_noise(spec, rows, cfg_scale=c)],
                "intervals": {"level": iv.LEVEL, "resamples": iv.RESAMPLES, "seed": iv.SEED, "few_seeds": iv.FEW_SEEDS,

@@ -212,12 +212,13 @@ def check_reference_source(spec: StudySpec) -> None:
                          "first")
 
 
-def _settings(spec: StudySpec, sample_seed: int, cfg_scale: float):
+def _settings(spec: StudySpec, sample_seed: int, cfg_scale: float, guide: str | None = None):
     from vit5_sit.eval.compare import CompareSettings
 
     e = spec.eval
     return CompareSettings(num_samples=e.num_samples, seed=sample_seed, mode=e.mode, method=e.method,
-                           steps=e.steps, cfg_scale=cfg_scale, metrics=e.inception_metrics, batch_size=e.batch_size)
+                           steps=e.steps, cfg_scale=cfg_scale, metrics=e.inception_metrics, batch_size=e.batch_size,
+                           guide=guide)
 
 
 def check_steps(spec: StudySpec, steps: list[int] | None, until: int | None = None) -> None:
@@ -327,7 +328,7 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
 
     from vit5_sit.common.checks import ModelLoadError
     from vit5_sit.config import ConfigError, load_config
-    from vit5_sit.eval.compare import Evaluator, evaluate_checkpoint
+    from vit5_sit.eval.compare import CompareError, Evaluator, evaluate_checkpoint
     from vit5_sit.eval.evaluation import parse_metrics
     from vit5_sit.train.checkpoint import Checkpoint
 
@@ -344,13 +345,15 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
         path = _checkpoints(run).get(step)
         if path is None:
             continue
-        where = f"{run.name} step {step}" + (f" cfg {cfg_scale:g}" if len(spec.eval.cfg_scales) > 1 else "")
+        guide = spec.guide_for(arm, seed, cfg_scale)
+        where = f"{run.name} step {step}" + (f" cfg {cfg_scale:g}" if len(spec.eval.cfg_scales) > 1 else "") + (
+            f" guide {guide}" if guide is not None else "")
         try:
             cfg = load_config(run / "config.yaml")
             row = evaluate_checkpoint(run, run.name, cfg, Checkpoint(step, path),
-                                      _settings(spec, sample_seed, cfg_scale), evaluator, device=device,
+                                      _settings(spec, sample_seed, cfg_scale, guide), evaluator, device=device,
                                       progress=progress, log=log, cached_only=cached_only)
-        except (ConfigError, ModelLoadError) as e:
+        except (ConfigError, ModelLoadError, CompareError) as e:
             log(f"warning: {where} not evaluated: {e}")
             if failures is not None:
                 failures.append(where)
@@ -364,7 +367,8 @@ def evaluate_all(spec: StudySpec, *, device: str | None = None, progress: bool =
                 if not cached_only:
                     log(f"  digit accuracy {accuracy:.3f}")
         rows.append({"arm": arm.name, "seed": seed, "step": step, "sample_seed": sample_seed, "cfg_scale": cfg_scale,
-                     **{k: v for k, v in row.items() if k not in ("run", "run_dir")}})
+                     **({"guide": guide} if guide is not None else {}),
+                     **{k: v for k, v in row.items() if k not in ("run", "run_dir", "guide")}})
     return rows
 
 

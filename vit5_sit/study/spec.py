@@ -8,10 +8,12 @@ Read from one YAML file (``configs/study/mnist.yaml``)::
     steps: [1200, 2400, 3600]         # checkpoints evaluated; each run trains to the last one
     seeds: [0, 1, 2]                  # training seeds of every arm that names none
     eval: {num_samples: 1000, ...}    # `EvalSpec`: one sampler, seeds and reference for every checkpoint,
-                                      # at each guidance scale of eval.cfg_scales (e.g. [1.0, 6.0])
+                                      # at each guidance scale of eval.cfg_scales (e.g. [1.0, 6.0]); with
+                                      # eval.guide (e.g. step:800) the guided scales are autoguidance weights
     arms:
       - {name: sit, config: configs/mnist/sit.yaml}
       - {name: no-rope, config: configs/mnist/vit5-nols.yaml, overrides: [model.rope=false], seeds: [0, 1]}
+      - {name: small-guide, config: configs/mnist/sit.yaml, guide: "runs/study/tiny-s{seed}"}  # a guide per arm
 
 Every mistake is a `StudyError` naming the key and the fix.
 """
@@ -41,6 +43,11 @@ ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # digit_accuracy: the share of samples the digit classifier (`vit5_sit.demo.digit_classifier`, as the demo's check)
 # reads as the digit that was asked for; for 32x32 MNIST models of 10 classes.
 STUDY_METRICS = ("digit_accuracy",)
+# Autoguidance's guide in a study (eval.guide, arms[].guide): the guided scales of eval.cfg_scales become weights of
+# the model against it (`vit5_sit.eval.compare.CompareSettings.guide`).
+GUIDE_FORMS = ("step:N (each run's own checkpoint at step N, which the run must save), auto (each run's kept guide, "
+               "train.guide_at), or a model path (a run, checkpoint or model folder; {seed} in it is the training "
+               "seed, e.g. runs/study/tiny-s{seed})")
 
 
 # The contract of a study file: every key it may hold, its type and range, checked when the file is read (a test
@@ -57,6 +64,7 @@ STUDY_FIELDS: dict[str, Arg] = {
     "arms[].overrides": Arg("object", note="KEY=VALUE strings, each checked by vit5_sit.config"),
     "arms[].seeds": Arg("list", SEED),
     "arms[].label": Arg("text"),
+    "arms[].guide": Arg("text", note="autoguidance's guide of this arm: GUIDE_FORMS, or none (classifier-free)"),
     "eval": Arg("object", note="the EvalSpec section"),
     "eval.num_samples": Arg("int", Range(1, MAX_IMAGES, why="images per checkpoint; at least what its metrics "
                                                              "need (check_sizes: FID 2, precision/recall 4)")),
@@ -71,6 +79,7 @@ STUDY_FIELDS: dict[str, Arg] = {
     "eval.metrics": Arg("object", note="metric names (parse_metrics), each once"),
     "eval.reference_data": Arg("path"),
     "eval.batch_size": Arg("int", BATCH),
+    "eval.guide": Arg("text", note="autoguidance's guide for the guided scales: GUIDE_FORMS"),
     "decision": Arg("object", note="the DecisionSpec section"),
     "decision.reference": Arg("text"),
     "decision.candidates": Arg("object", note="arm names"),
@@ -91,6 +100,7 @@ class Arm:
     overrides: tuple[str, ...] = ()        # dotted overrides on top of it, e.g. ('model.rope=false',)
     seeds: tuple[int, ...] = ()            # training seeds
     label: str = ""                        # table / plot label; '' = name
+    guide: str | None = None               # autoguidance's guide of this arm (GUIDE_FORMS or 'none'); None = eval.guide
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,7 @@ class EvalSpec:
     metrics: tuple[str, ...] = ("fid", "precision", "recall")  # eval metrics, plus STUDY_METRICS
     reference_data: str = "data/mnist32"   # real images (a class-folder tree) the reference is computed from
     batch_size: int = 125                  # sampling: images per forward
+    guide: str | None = None               # autoguidance's guide for the guided scales (GUIDE_FORMS); None = CFG
 
     @property
     def inception_metrics(self) -> tuple[str, ...]:
@@ -163,6 +174,24 @@ class StudySpec:
     @property
     def reference_path(self) -> Path:
         return Path(self.output_dir) / "reference.npz"
+
+    def guide_for(self, arm: Arm, seed: int, scale: float) -> str | None:
+        """The guide of (arm, training seed) at guidance scale ``scale`` (`vit5_sit.eval.compare.CompareSettings`'s
+        form: 'step:N', 'auto' or a path, {seed} filled in), or None: classifier-free guidance, or unguided."""
+        guide = arm.guide if arm.guide is not None else self.eval.guide
+        if scale == 1 or guide is None or guide == "none":
+            return None
+        return guide.replace("{seed}", str(seed))
+
+    @property
+    def guide_text(self) -> str | None:
+        """How the guided scales guide, for the report: None (classifier-free), the one guide, or 'per arm'."""
+        guides = {a.guide if a.guide is not None else self.eval.guide for a in self.arms} - {None, "none"}
+        if not guides:
+            return None
+        return next(iter(guides)) if len(guides) == 1 and all(
+            (a.guide if a.guide is not None else self.eval.guide) not in (None, "none") for a in self.arms) \
+            else "per arm"
 
 
 def _int_list(key: str, value, minimum: int, field: str | None = None) -> tuple[int, ...]:
@@ -228,6 +257,8 @@ def _eval_spec(raw: dict) -> EvalSpec:
     for key in ("mode", "method", "reference_data"):
         if key in values and not isinstance(values[key], str):
             raise StudyError(f"eval.{key}: expected a string, got {values[key]!r}")
+    if values.get("guide") is not None:
+        _check_guide_form("eval.guide", values["guide"], allow_none=False)
     if "reference_data" in values and (problem := path_problem(values["reference_data"])):
         raise StudyError(f"eval.reference_data: {problem}")
     spec = EvalSpec(**values)
@@ -271,6 +302,28 @@ def _eval_spec(raw: dict) -> EvalSpec:
                          f"{spec.sample_seed + spec.num_samples - 1}): the sampling noise would be underestimated; "
                          f"use e.g. noise_seed: {spec.sample_seed + 100 * spec.num_samples}")
     return spec
+
+
+def _check_guide_form(key: str, value, allow_none: bool) -> None:
+    """A guide of a study file: GUIDE_FORMS (and 'none' for an arm: classifier-free for that arm)."""
+    if not isinstance(value, str) or not value.strip():
+        raise StudyError(f"{key}: {shown(value, quote=True)}: expected {GUIDE_FORMS}"
+                         f"{', or none (classifier-free)' * allow_none}")
+    if value == "none":
+        if not allow_none:
+            raise StudyError(f"{key}: none: leave {key} out for classifier-free guidance")
+        return
+    if value.startswith("step:"):
+        step = value[5:]
+        if not (step.isascii() and step.isdigit() and int(step) > 0):
+            raise StudyError(f"{key}: {value!r}: step:N takes a positive whole step, e.g. step:800")
+        return
+    if value == "auto":
+        return
+    if (problem := path_problem(value.replace("{seed}", "0"))) is not None:
+        raise StudyError(f"{key}: {problem}")
+    if re.search(r"\{(?!seed\})", value):
+        raise StudyError(f"{key}: {value!r}: the only placeholder a guide path takes is {{seed}}")
 
 
 def _is_int(value, minimum: int) -> bool:
@@ -330,6 +383,19 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
                          f"{'latent ' * (cfg.data.kind == 'latents')}images of {model.num_classes} classes; "
                          "remove digit_accuracy from eval.metrics")
     every, keep = cfg.train.ckpt_every, cfg.train.keep_last
+    guide = arm.guide if arm.guide is not None else spec.eval.guide
+    where = f"{key}.guide" if arm.guide is not None else f"eval.guide ({key}, {arm.name})"
+    if guide not in (None, "none"):
+        if all(scale == 1 for scale in spec.eval.cfg_scales):
+            raise StudyError(f"{where}: {guide}: eval.cfg_scales ({list(spec.eval.cfg_scales)}) has no guided scale "
+                             "for autoguidance to weigh; add one, e.g. cfg_scales: [1.0, 2.0]")
+        if model.mean_flow:
+            raise StudyError(f"{where}: {guide}: a MeanFlow model's guidance is trained in or a network input; "
+                             "autoguidance is for flow models: leave the guide out")
+        if guide.startswith("step:") and (int(guide[5:]) > spec.max_steps or (
+                int(guide[5:]) % every and int(guide[5:]) != spec.max_steps)):
+            raise StudyError(f"{where}: {guide}: the run saves no checkpoint at step {guide[5:]} (train.ckpt_every="
+                             f"{every}, last step {spec.max_steps}); guide with a step it saves, e.g. step:{every}")
     missed = [s for s in spec.steps if s % every and s != spec.max_steps]
     if missed:
         raise StudyError(f"{key} ({arm.name}): train.ckpt_every={every} saves no checkpoint at step "
@@ -366,7 +432,7 @@ def load_study(path: str | Path) -> StudySpec:
         key = f"arms[{i}]"
         if not isinstance(a, dict):
             raise StudyError(f"{key}: expected a mapping with name and config, got {a!r}")
-        _known(key, a, {"name", "config", "overrides", "seeds", "label"})
+        _known(key, a, {"name", "config", "overrides", "seeds", "label", "guide"})
         name = a.get("name")
         if not isinstance(name, str) or not ARM_NAME.match(name):
             raise StudyError(f"{key}.name: {name!r} must be letters, digits, '.', '_' or '-' (a folder name)")
@@ -390,7 +456,10 @@ def load_study(path: str | Path) -> StudySpec:
         label = a.get("label", "")
         if not isinstance(label, (str, int, float)) or isinstance(label, bool):
             raise StudyError(f"{key}.label: expected a short text, got {label!r}")
-        arms.append(Arm(name, config, tuple(overrides), seeds, str(label) or name))
+        guide = a.get("guide")
+        if guide is not None:
+            _check_guide_form(f"{key}.guide", guide, allow_none=True)
+        arms.append(Arm(name, config, tuple(overrides), seeds, str(label) or name, guide))
     texts = {}
     for key, default in (("name", path.stem), ("output_dir", "runs/study"), ("results_dir", "docs/study")):
         texts[key] = raw.get(key, default)

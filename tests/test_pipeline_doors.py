@@ -292,10 +292,11 @@ def test_diffusers_habits_on_the_folder_pipeline(doors, tmp_path, modules_cache,
             door.enable_model_cpu_offload()
 
 
-def test_both_doors_have_a_scheduler_whose_config_builds_diffusers_ones(doors, modules_cache):
+def test_both_doors_have_a_scheduler_whose_config_builds_diffusers_ones(doors, modules_cache, tmp_path):
     """diffusers' habit ``Other.from_config(pipe.scheduler.config, ...)``: the package's scheduler is ours too (it was
     None), with the folder's config; a flow-mode DPM built that way gives the same images through both doors, and our
-    scheduler with other settings set on either door changes its default sampler alike."""
+    scheduler with other settings set on either door changes its default sampler alike; the package door's folder
+    keeps the model's own sampler, with a warning when a diffusers scheduler is set."""
     from diffusers import DPMSolverMultistepScheduler
 
     pipe, folder = doors
@@ -313,6 +314,10 @@ def test_both_doors_have_a_scheduler_whose_config_builds_diffusers_ones(doors, m
                               folder([1, 2], seed=0, num_inference_steps=3, output_type="np").images)
         with pytest.raises(ValueError, match="flow mode"):
             pipe.scheduler = DPMSolverMultistepScheduler.from_config(own.config)
+        with pytest.warns(UserWarning, match="DPMSolverMultistepScheduler. is not saved"):
+            saved = pipe.save_pretrained(tmp_path / "saved")
+        assert json.loads((saved / "scheduler" / "scheduler_config.json").read_text())["_class_name"] == \
+            "Vit5SitScheduler"
         three = type(own).from_config(own.config, steps=3)
         pipe.scheduler = three
         folder.scheduler = type(folder.own_scheduler()).from_config(folder.own_scheduler().config, steps=3)

@@ -137,7 +137,15 @@ class Vit5SitPipeline:
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> Path:
         """The model folder (`vit5_sit.hub.api.PretrainedModel.save_pretrained`), diffusers' layout included; a
-        latent model's folder gets this pipeline's VAE, and a pipeline with a guide its ``guide/``."""
+        latent model's folder gets this pipeline's VAE, and a pipeline with a guide its ``guide/``. The folder's
+        ``scheduler/`` is the model's own sampler (our scheduler with the settings it was given); a diffusers
+        scheduler set on the pipeline is a sampling choice, not saved: a warning says so."""
+        if self._scheduler is not None:
+            import warnings
+
+            warnings.warn(f"save_pretrained: pipe.scheduler ({type(self._scheduler).__name__}) is not saved; the "
+                          "folder keeps the model's own sampler (scheduler/): set the scheduler again after loading",
+                          stacklevel=2)
         if self.latent and "vae" not in kwargs:
             kwargs["vae"] = self._vae
         return self._pretrained().save_pretrained(save_directory, guide=self.guide, **kwargs)

@@ -52,8 +52,11 @@ RECORD = ROOT / "docs" / "study" / "guidance" / "demo.json"
 
 def _quotes():
     for page in ("README.md", "docs/sampling.md", "docs/demo.md", "benchmarks/README.md"):
-        for m in QUOTED.finditer((ROOT / page).read_text()):
-            yield page, m
+        text = __import__("re").sub(r"\s+", " ", (ROOT / page).read_text())  # a quote over two lines is one
+        looks = __import__("re").findall(r"`(?:cfg|auto:\w+)@[^`]*`: FID-1K [\d.]+ \(", text)
+        quotes = list(QUOTED.finditer(text))
+        assert len(looks) == len(quotes), f"{page}: a quoted figure not in the checked form: {looks}"
+        yield from ((page, m) for m in quotes)
 
 
 @pytest.mark.skipif(not RECORD.is_file(), reason="no guidance record committed yet (docs/study/guidance/demo.json)")

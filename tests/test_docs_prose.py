@@ -73,7 +73,8 @@ def cut_paragraphs(text: str) -> list[str]:
         if all(line.startswith("    ") for line in block) and not ITEM.match(block[0]):
             continue  # an indented code block (a formula)
         if block[0].lstrip().startswith("|"):
-            cut += [f"a table row stops short: {row!r}" for row in block if not row.rstrip().endswith("|")]
+            cut += [f"a table row stops short: {row!r}" for row in block if not row.rstrip().endswith("|")
+                    and not row.lstrip().startswith("<!--")]  # an include's end marker after a table is not a row
             continue
         if NOT_PROSE.match(block[0]) or RULE.match(block[-1]):
             continue  # a heading (also underlined), HTML, a horizontal rule

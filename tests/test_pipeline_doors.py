@@ -306,6 +306,7 @@ def test_both_doors_have_a_scheduler_whose_config_builds_diffusers_ones(doors, m
     assert {k: v for k, v in own.config.items() if not k.startswith("_")} == \
         {k: v for k, v in folder.scheduler.config.items() if not k.startswith("_")}
     assert pipe.components["scheduler"].config == own.config
+    assert pipe.scheduler is own  # one object, so set_timesteps' state stays between reads
     flow = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
     try:
         pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, **flow)

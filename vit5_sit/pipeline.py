@@ -199,7 +199,11 @@ class Vit5SitPipeline:
             return self._scheduler
         from vit5_sit.hub.components import Vit5SitScheduler
 
-        return Vit5SitScheduler(**dataclasses.asdict(self.config.transport), **dataclasses.asdict(self.config.sampler))
+        own = getattr(self, "_own_scheduler", None)  # one object while the sampler stays (set_timesteps' state)
+        if own is None or dataclasses.asdict(own.sampler) != dataclasses.asdict(self.config.sampler):
+            own = self._own_scheduler = Vit5SitScheduler(**dataclasses.asdict(self.config.transport),
+                                                         **dataclasses.asdict(self.config.sampler))
+        return own
 
     @scheduler.setter
     def scheduler(self, scheduler) -> None:

@@ -178,20 +178,22 @@ class StudySpec:
     def guide_for(self, arm: Arm, seed: int, scale: float) -> str | None:
         """The guide of (arm, training seed) at guidance scale ``scale`` (`vit5_sit.eval.compare.CompareSettings`'s
         form: 'step:N', 'auto' or a path, {seed} filled in), or None: classifier-free guidance, or unguided."""
+        guide = self.arm_guide(arm)
+        return None if scale == 1 or guide is None else guide.replace("{seed}", str(seed))
+
+    def arm_guide(self, arm: Arm) -> str | None:
+        """The guide an arm's guided scales use (GUIDE_FORMS, {seed} not filled in): its own, else eval.guide;
+        None: classifier-free guidance."""
         guide = arm.guide if arm.guide is not None else self.eval.guide
-        if scale == 1 or guide is None or guide == "none":
-            return None
-        return guide.replace("{seed}", str(seed))
+        return None if guide == "none" else guide
 
     @property
     def guide_text(self) -> str | None:
         """How the guided scales guide, for the report: None (classifier-free), the one guide, or 'per arm'."""
-        guides = {a.guide if a.guide is not None else self.eval.guide for a in self.arms} - {None, "none"}
-        if not guides:
+        guides = {self.arm_guide(a) for a in self.arms}
+        if guides == {None}:
             return None
-        return next(iter(guides)) if len(guides) == 1 and all(
-            (a.guide if a.guide is not None else self.eval.guide) not in (None, "none") for a in self.arms) \
-            else "per arm"
+        return next(iter(guides)) if len(guides) == 1 else "per arm"
 
 
 def _int_list(key: str, value, minimum: int, field: str | None = None) -> tuple[int, ...]:
@@ -383,9 +385,9 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
                          f"{'latent ' * (cfg.data.kind == 'latents')}images of {model.num_classes} classes; "
                          "remove digit_accuracy from eval.metrics")
     every, keep = cfg.train.ckpt_every, cfg.train.keep_last
-    guide = arm.guide if arm.guide is not None else spec.eval.guide
+    guide = spec.arm_guide(arm)
     where = f"{key}.guide" if arm.guide is not None else f"eval.guide ({key}, {arm.name})"
-    if guide not in (None, "none"):
+    if guide is not None:
         if all(scale == 1 for scale in spec.eval.cfg_scales):
             raise StudyError(f"{where}: {guide}: eval.cfg_scales ({list(spec.eval.cfg_scales)}) has no guided scale "
                              "for autoguidance to weigh; add one, e.g. cfg_scales: [1.0, 2.0]")

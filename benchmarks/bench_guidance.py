@@ -180,10 +180,13 @@ def main() -> None:
         if cfg.sampler.method != "euler":  # the NFE column counts one call per step (two guided, outside iMF)
             raise SystemExit(f"{args.model or 'demo'}: sampler method {cfg.sampler.method}: the frontier is measured "
                              "with Euler (its network calls counted per step); give --method euler --steps N")
+        from vit5_sit.hub.guide import is_guide_folder, load_guide_folder
+
         guides = {}
-        for spec in args.guides:
+        for spec in args.guides:  # a run, checkpoint or model folder, or a model folder's guide/ (what it ships)
             name, _, path = spec.partition("=")
-            guides[name] = (load_for_sampling(path)[0], path)
+            guides[name] = (load_guide_folder(path) if is_guide_folder(Path(path)) else load_for_sampling(path)[0],
+                            path)
         (out / "cells").mkdir(parents=True, exist_ok=True)
         for cell in args.cells:
             sample_cell(cell, out, model, cfg, guides, args.num_samples, args.seed)

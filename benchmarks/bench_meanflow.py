@@ -21,8 +21,8 @@ and the training forward are separate graphs, and the JVP's batch size changes f
 ``--imf``: the MeanFlow column is improved MeanFlow's step (``meanflow.variant=imf``, the paper's ratio 0.5).
 
 ``--sampling``: the two bundled demos instead, 100 images each (10 classes x 10, seeds 0-99), with each model's
-own default sampler and guidance (the flow demo: ODE Euler 6 steps, classifier-free guidance = 12 network passes an
-image; the one-step demo: 1 pass, its guidance a network input), interleaved, the median of --iters rounds:
+own default sampler and guidance (the flow demo: ODE Euler 6 steps, autoguidance on t in [0, 0.5] = 10 network
+passes an image; the one-step demo: 1 pass, its guidance a network input), interleaved, the median of --iters rounds:
 
     python benchmarks/bench_meanflow.py --sampling --threads 1 --iters 3
 """
@@ -197,6 +197,9 @@ def compare_compile(batch: Batch, args: argparse.Namespace) -> None:
 
 
 def sampling(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_guidance, beside this file
+    from bench_guidance import nfe_per_image
+
     from vit5_sit.pipeline import Vit5SitPipeline
 
     labels = [c for c in range(10) for _ in range(10)]
@@ -215,10 +218,13 @@ def sampling(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|")
     for name, pipe in pipes.items():
         sc, scale = pipe.config.sampler, pipe.config.log.sample_cfg_scale
+        low, high = pipe.config.log.sample_guidance_interval
         as_input = pipe.config.model_config().guidance_input  # iMF: the scale is a network input, one pass
-        passes = sc.steps * (2 if scale != 1 and not as_input else 1)
+        passes = nfe_per_image(sc.steps, scale, (low, high), as_input)  # Euler: guided steps inside the interval
         t = statistics.median(times[name])
-        how = f"guidance {scale:g}" + (" (an input)" if as_input else "")
+        kind = "autoguidance" if pipe.guide is not None else "guidance"
+        where = "" if (low, high) == (0.0, 1.0) or scale == 1 else f" on t in [{low:g}, {high:g}]"
+        how = f"{kind} {scale:g}{where}" + (" (an input)" if as_input else "")
         print(f"| {name} | {sc.mode}/{sc.method} {sc.steps} steps, {how} | {passes} | {t:.2f} | "
               f"{10 * t:.1f} |")
     ratio = statistics.median(times["demo"]) / statistics.median(times["demo-1step"])

@@ -22,7 +22,8 @@ from vit5_sit.models import create_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["name=tiny-app", "model.preset=ViT5-T/4", "model.depth=1", "model.hidden_size=64", "model.num_heads=2",
-        "data.kind=mnist", "data.resolution=8", "sampler.steps=3", "log.sample_cfg_scale=2.0"]
+        "data.kind=mnist", "data.resolution=8", "sampler.steps=3", "log.sample_cfg_scale=2.0",
+        "log.sample_guidance_interval=[0.0,0.6]"]
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,8 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
     page.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, ssr_mode=False, quiet=True)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        classes, guidance, sampler, method, steps, about = client.predict(str(model_dir), api_name="/load")
-        assert (classes, guidance, sampler, method, steps) == ("0-9", 2.0, "ode", "euler", 3)
+        classes, guidance, low, high, sampler, method, steps, about = client.predict(str(model_dir), api_name="/load")
+        assert (classes, guidance, low, high, sampler, method, steps) == ("0-9", 2.0, 0.0, 0.6, "ode", "euler", 3)
         assert "tiny-app" in about
         grid, download, info = client.predict(str(model_dir), "1,4", 3, 2.5, 0.0, 1.0, "sde", "heun", 4, 7,
                                               api_name="/generate")
@@ -69,8 +70,8 @@ def test_page_on_localhost_draws_the_grid(model_dir, tmp_path, monkeypatch):
         assert np.array_equal(np.asarray(Image.open(download)), got)
         # the same grid as the pipeline (and so sample.py) gives for these seeds and settings
         pipe = Vit5SitPipeline.from_pretrained(model_dir)
-        images = pipe([1, 1, 1, 4, 4, 4], guidance_scale=2.5, sampler="sde", method="heun", num_inference_steps=4,
-                      seed=7).images
+        images = pipe([1, 1, 1, 4, 4, 4], guidance_scale=2.5, guidance_interval=(0.0, 1.0), sampler="sde",
+                      method="heun", num_inference_steps=4, seed=7).images
         save_labelled_grid(np.stack([np.asarray(i) for i in images]), tmp_path / "want.png", 3,
                            ["class 1", "class 4"])
         assert np.array_equal(got, np.asarray(Image.open(tmp_path / "want.png")))
@@ -261,10 +262,10 @@ def test_one_step_button_draws_and_every_grid_has_one_progress_bar(model_dir, tm
         else:  # filling the form: no bar over each field
             assert d["show_progress"] == "hidden", d["api_name"]
     # what the button does, in order: the form, then the grid of that form
-    name, classes, guidance, sampler, method, steps, about = _page_fn(page, "fill_one_step")()
-    assert (name, sampler, steps, guidance) == (demo_app.DEMO_1STEP, "meanflow", 1, 3.0)  # iMF: its default scale
+    name, classes, guidance, low, high, sampler, method, steps, about = _page_fn(page, "fill_one_step")()
+    assert (name, sampler, steps, guidance, low, high) == (demo_app.DEMO_1STEP, "meanflow", 1, 3.0, 0.0, 1.0)  # iMF
     grid, download, info = _page_fn(page, "generate_on_page")(
-        name, classes, 1, guidance, 0.0, 1.0, sampler, method, steps, 0, progress=lambda *a, **k: None)
+        name, classes, 1, guidance, low, high, sampler, method, steps, 0, progress=lambda *a, **k: None)
     assert Path(grid).is_file() and "10 classes x 1 images, meanflow/euler 1 steps" in info
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from vit5_sit.config import load_config
 from vit5_sit.demo.export import export_model
 from vit5_sit.hub.model_files import DEMO_MODEL
 from vit5_sit.pipeline import Vit5SitPipeline
@@ -137,11 +138,14 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
         assert re.fullmatch(base + "_[0-9a-f]{10}", stem), stem
         path = folder / ("" if name == "_class_name" else name) / f"{stem}.py"
         assert hashlib.sha256(path.read_bytes()).hexdigest().startswith(stem[-10:])
-    assert index["vae"] == [None, None] and index["guide"] == [None, None]
-    assert index["guidance_scale"] == 2.5  # the demo's default (docs/sampling.md "Guidance")
-    assert not (folder / "ema.safetensors").exists()  # one weights file, read by both loaders
-    weights = list(folder.rglob("*.safetensors"))
-    assert weights == [folder / "transformer" / "diffusion_pytorch_model.safetensors"]
+    assert index["vae"] == [None, None] and index["guide"] == index["transformer"]  # the demo's guide went with it
+    demo = load_config(DEMO_MODEL / "config.yaml").log  # the demo's default (docs/sampling.md "Guidance")
+    assert (index["guidance_scale"], index["guidance_interval"]) == (3.0, [0.0, 0.5]) == (
+        demo.sample_cfg_scale, demo.sample_guidance_interval)
+    assert not (folder / "ema.safetensors").exists()  # one weights file each, read by both loaders
+    weights = sorted(folder.rglob("*.safetensors"))
+    assert weights == [folder / "guide" / "diffusion_pytorch_model.safetensors",
+                       folder / "transformer" / "diffusion_pytorch_model.safetensors"]
     from vit5_sit.models.config import ModelConfig
 
     config = json.loads((folder / "transformer" / "config.json").read_text())
@@ -149,8 +153,8 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
 
     assert {k for k in config if not k.startswith("_")} == {f.name for f in dataclasses.fields(ModelConfig)}
     codes = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py"))
-    assert codes == [f"{stems['_class_name']}.py", f"scheduler/{stems['scheduler']}.py",
-                     f"transformer/{stems['transformer']}.py"]
+    assert codes == [f"guide/{stems['transformer']}.py", f"{stems['_class_name']}.py",
+                     f"scheduler/{stems['scheduler']}.py", f"transformer/{stems['transformer']}.py"]
     for name in codes:  # generated from the package's source, importing none of it
         text = (folder / name).read_text()
         imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name
@@ -158,7 +162,7 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
                     for a in n.names}
         assert not any(m.split(".")[0] in ("vit5_sit", "torchdiffeq") for m in imported), (name, imported)
         assert "written by vit5-sit" in text.splitlines()[0]
-    model_code = (folder / codes[2]).read_text()
+    model_code = (folder / codes[3]).read_text()
     assert "# ---- from vit5_sit.models.denoiser" in model_code and "class Denoiser(nn.Module):" in model_code
 
 
@@ -167,7 +171,7 @@ def test_folder_has_diffusers_layout_beside_ours(folder):
 def test_diffusers_alone_gives_the_pipelines_images_bit_for_bit(outside, pipe, name):
     out, result = outside
     assert result["class"] == "Vit5SitDiffusersPipeline" and result["dtype"] == "torch.float32"
-    assert result["components"] == ["guide", "scheduler", "transformer", "vae"]  # guide, vae: None here
+    assert result["components"] == ["guide", "scheduler", "transformer", "vae"]  # vae: None here
     theirs = np.load(out / f"{name}.npy")
     ours = _ours(pipe, CALLS[name])
     assert theirs.shape == ours.shape and theirs.dtype == ours.dtype

@@ -52,6 +52,26 @@ def test_paired_change_and_the_target(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
+def test_autoguidance_against_the_best_cfg_at_equal_digits_is_paired_by_seed(tmp_path):
+    """The best CFG is the lowest-FID classifier-free cell with >= 99% of digits among those on every seed (a cell
+    measured on fewer seeds is not picked for a luckier mean); autoguidance wins when its paired interval is below 0."""
+    unguided = {0: 60.0, 1: 70.0, 2: 50.0}
+    cfg = {0: 45.0, 1: 50.0, 2: 40.0}
+    auto = {0: 36.0, 1: 41.0, 2: 30.0}
+    rows = {s: [_row("cfg@1", 1.0, unguided[s], 0.87), _row("cfg@2.5", 2.5, cfg[s], 0.995),
+                _row("auto:s8@3", 3.0, auto[s], 0.992, "auto", "s8"),
+                _row("auto:s8@1.5", 1.5, 20.0, 0.95, "auto", "s8")]  # lower FID, too few digits: not picked
+            for s in unguided}
+    rows[0].append(_row("cfg@3", 3.0, 30.0, 0.999))  # one seed only: not the best CFG
+    cells = frontier.read_cells(_records(tmp_path / "g", rows))
+    assert frontier.best_at_digits(cells, "cfg").cell == "cfg@2.5"
+    assert frontier.best_at_digits(cells, "auto").cell == "auto:s8@3"
+    text = frontier.versus_table(cells)
+    change = sum(auto[s] / cfg[s] - 1 for s in unguided) / 3
+    assert f"| arm-a | auto (s8) 3 | CFG 2.5 | 0, 1, 2 | 35.7 / 45.0 | {100 * change:+.1f}% [" in text
+    assert text.rstrip().endswith("| 0.992 / 0.995 | yes |")
+
+
 def test_single_models_get_their_own_table_against_their_own_unguided_row(tmp_path):
     record = tmp_path / "one.json"
     record.write_text(json.dumps({"rows": [_row("cfg@1", 1.0, 80.0, 0.9), _row("cfg@3", 3.0, 52.0, 0.995),
@@ -84,6 +104,7 @@ def test_the_committed_frontier_is_the_records():
     if not committed.is_file():
         pytest.skip("no frontier committed yet (docs/study/guidance/frontier.md)")
     assert frontier.table(frontier.read_cells(folder)) in committed.read_text()
+    assert frontier.versus_table(frontier.read_cells(folder)) in committed.read_text()
     models = frontier.MODELS
     assert frontier.models_table(frontier.read_models([f"{k}={ROOT / v}" for k, v in models.items()])) \
         in committed.read_text()

@@ -356,26 +356,36 @@ def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
     from vit5_sit.hub.model_files import DEMO_MODEL
 
     m = hub.PretrainedModel.from_pretrained()
-    assert [(r["num_samples"], r["digit_accuracy"]) for r in m.metrics] == [(1000, 0.994), (1000, 0.872), (1000, 1.0),
-                                                                            (40, 1.0)]
+    record = json.loads((ROOT / "docs" / "study" / "guidance" / "demo.json").read_text())
+    default = next(r for r in record["rows"] if r["cell"] == "auto:s800@3@0-0.5" and r["seed"] == 0)  # #52's pick
+    assert (m.config.log.sample_cfg_scale, m.config.log.sample_guidance_interval) == (3.0, [0.0, 0.5])
+    assert [(r["num_samples"], r["digit_accuracy"]) for r in m.metrics] == [
+        (1000, default["digit_accuracy"]), (1000, 0.994), (1000, 0.872), (1000, 1.0)]
     assert all(r["step"] == m.config.train.max_steps == 3600 for r in m.metrics)
     grid = Image.open(DEMO_MODEL / hub.SAMPLES_FILE)
     assert grid.size[1] > grid.size[0] and (DEMO_MODEL / hub.SAMPLES_FILE).stat().st_size < 100_000  # 10 rows x 4
     card = m.model_card("me/vit5-mnist")
     assert "None measured" not in card and "A class-conditional ViT-5 denoiser" in card
     assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in card
+    assert "| sampler defaults | ode euler, 6 steps, autoguidance weight 3 on t in [0, 0.5] with the guide in " in card
+    assert "## Guidance: autoguidance" in card
+    assert ("| 3600 | `n1000_seed0_ode_euler_6steps_auto3_guide-s800_gi0-0.5` | reference.npz | 1,000 | "
+            f"{default['fid']:.2f} | {default['sfid']:.2f} | {default['precision']:.3f} | {default['recall']:.3f} | "
+            f"{default['digit_accuracy']:.3f} |") in card
     assert ("| 3600 | `n1000_seed0_ode_euler_6steps_cfg6` | all 5,000 real digits (data/mnist32), torch-fidelity "
-            "Inception pool3 | 1,000 | 66.56 | n/a | n/a | n/a | 1.000 | `benchmarks/bench_frontier.py") in card
+            "Inception pool3 | 1,000 | 66.56 | n/a | n/a | n/a | 1.000 | n/a | `benchmarks/bench_frontier.py") in card
     assert ("| 3600 | `n1000_seed0_ode_euler_6steps_cfg2.5` | all 5,000 real digits (data/mnist32), torch-fidelity "
-            "Inception pool3 | 1,000 | 48.31 | 86.09 | 0.195 | 0.257 | 0.994 | `benchmarks/bench_guidance.py") in card
+            "Inception pool3 | 1,000 | 48.31 | 86.09 | 0.195 | 0.257 | 0.994 | n/a | `benchmarks/bench_guidance.py") \
+        in card
     front = yaml.safe_load(card.split("---\n")[1])
     index = [(x["type"], x["value"], x["config"]) for r in front["model-index"][0]["results"] for x in r["metrics"]]
-    grid40 = "n40_seed0_ode_euler_6steps_cfg6 (python sample.py: 4 per class)"
+    auto = "n1000_seed0_ode_euler_6steps_auto3_guide-s800_gi0-0.5"
+    assert ("fid", round(default["fid"], 2), auto) in index  # the default's (docs/sampling.md)
+    assert ("digit_accuracy", default["digit_accuracy"], auto) in index
     assert ("digit_accuracy", 1.0, "n1000_seed0_ode_euler_6steps_cfg6") in index
-    assert ("digit_accuracy", 1.0, grid40) in index
     assert ("fid", 66.56, "n1000_seed0_ode_euler_6steps_cfg6") in index
-    assert ("fid", 48.31, "n1000_seed0_ode_euler_6steps_cfg2.5") in index  # the default's (docs/sampling.md)
-    assert ("digit_accuracy", 0.994, "n1000_seed0_ode_euler_6steps_cfg2.5") in index and len(index) == 13
+    assert ("fid", 48.31, "n1000_seed0_ode_euler_6steps_cfg2.5") in index
+    assert ("digit_accuracy", 0.994, "n1000_seed0_ode_euler_6steps_cfg2.5") in index and len(index) == 18
     # the grid default is the frontier's pick (benchmarks/README.md): the rows measure the folder's own sampler
     assert (m.config.sampler.method, m.config.sampler.steps) == ("euler", 6)
     # saved elsewhere (push_to_hub saves first): the grid and the metrics travel with the weights

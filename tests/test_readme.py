@@ -182,15 +182,22 @@ def test_readme_and_demo_recipe_name_the_demo_models_sampler():
     import yaml
 
     demo = yaml.safe_load((ROOT / "vit5_sit" / "assets" / "demo" / "config.yaml").read_text())
-    sampler, scale = demo["sampler"], demo["log"]["sample_cfg_scale"]
-    said = re.search(r"\((ODE|SDE) (\w+), (\d+) steps = \d+ network calls, with guidance ([\d.]+\d)", README)
-    assert said and (said.group(1).lower(), said.group(2).lower(), int(said.group(3)), float(said.group(4))) == (
+    sampler, scale, interval = demo["sampler"], demo["log"]["sample_cfg_scale"], demo["log"][
+        "sample_guidance_interval"]
+    guided = (ROOT / "vit5_sit" / "assets" / "demo" / "guide" / "config.json").is_file()  # autoguidance's guide
+    said = re.search(r"\((ODE|SDE) (\w+), (\d+) steps = \d+ network calls, with (autoguidance|guidance) (\d+(?:\.\d+)?)"
+                     r"(?: on t in \[([\d.]+), ([\d.]+)\])?", " ".join(README.split()))
+    assert said and (said.group(1).lower(), said.group(2).lower(), int(said.group(3)), float(said.group(5))) == (
         sampler["mode"], sampler["method"], sampler["steps"], scale)
+    assert (said.group(4) == "autoguidance") == guided
+    assert [float(said.group(6) or 0), float(said.group(7) or 1)] == interval
     recipe = next(line for line in DOC_PAGES["docs/demo.md"].splitlines() if "vit5_sit.demo export" in line)
     flags = dict(re.findall(r"--([\w-]+) (\S+)", recipe))
     assert flags["out"] == "vit5_sit/assets/demo"
     assert (flags["sampler"], flags["method"], int(flags["steps"]), float(flags["cfg-scale"])) == (
         sampler["mode"], sampler["method"], sampler["steps"], scale)
+    assert [float(v) for v in re.search(r"--guidance-interval (\S+) (\S+)", recipe).groups()] == interval
+    assert (flags.get("guide") == "auto") == guided  # the guide the run kept (train.guide_at)
 
 
 def test_cpu_torch_line_pins_a_matching_torchvision():

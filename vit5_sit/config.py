@@ -25,7 +25,14 @@ from vit5_sit.common.contract import GUIDANCE, SEED, STEPS, TOL, Range, above, a
 from vit5_sit.common.utils import check_choice
 from vit5_sit.data import DATASET_KINDS, DIGIT_CLASSES, EXPORTERS
 from vit5_sit.models import PRESETS, ModelConfig, model_config
-from vit5_sit.transport import GuidanceError, MeanFlowConfig, SamplerConfig, TransportConfig, check_guidance
+from vit5_sit.transport import (
+    GuidanceError,
+    MeanFlowConfig,
+    SamplerConfig,
+    TransportConfig,
+    check_guidance,
+    check_guidance_settings,
+)
 
 LATENT_DOWNSAMPLE = 8  # spatial downsampling of the Stable Diffusion VAE
 LATENT_CHANNELS = 4    # its latent channels
@@ -122,13 +129,19 @@ class LogConfig:
     sample_classes: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6, 7])
     sample_per_class: int = 4              # grid columns
     sample_seed: int = 0                   # first seed of the grid; seeds are fixed across the run
-    sample_cfg_scale: float = 1.0          # classifier-free guidance scale of the grid
+    sample_cfg_scale: float = 1.0          # guidance scale of the grid; the model's default in sample.py
+    sample_guidance_interval: list[float] = field(default_factory=lambda: [0.0, 1.0])  # ... and its interval in t
     sample_at_start: bool = False          # also a grid at step 0 (pure noise: costs time, shows nothing)
 
     def __post_init__(self) -> None:
         check_choice("log.tracker", self.tracker, ("tensorboard", "wandb", "none"), error=ConfigError)
         if not self.sample_classes:
             raise ConfigError("log.sample_classes=[]: name at least one class id for the grid rows, e.g. [0,1]")
+        try:
+            check_guidance_settings(1.0, self.sample_guidance_interval, interval_name="log.sample_guidance_interval")
+        except GuidanceError as e:
+            raise ConfigError(str(e)) from None
+        self.sample_guidance_interval = [float(v) for v in self.sample_guidance_interval]
 
 
 @dataclass
@@ -583,6 +596,7 @@ RANGES: dict[str, Range] = {
     "log.sample_per_class": _at_least(1, "grid columns"),
     "log.sample_seed": _SEED,
     "log.sample_cfg_scale": GUIDANCE,
+    "log.sample_guidance_interval": Range(0.0, 1.0, why="t: 0 = noise, 1 = data"),
     "transport.logit_normal_mean": Range(),
     "transport.logit_normal_std": _above(0),
     "transport.train_eps": Range(0.0, 0.5, hi_open=True, why="none = SiT's rule"),

@@ -292,7 +292,8 @@ class Vit5SitPipeline:
     @torch.no_grad()
     def __call__(self, class_labels: int | str | Sequence[int | str], *,
                  guidance_scale: float | None = None,             # 1 = none; None = the config's grid scale
-                 guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
+                 guidance_interval: tuple[float, float] | None = None,  # guide only for t in this range; None =
+                                                                  # the config's (log.sample_guidance_interval)
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the config's
                  sampler: str | None = None,                      # 'ode' | 'sde' | 'meanflow'; None = the config's
                  method: str | None = None,                       # 'euler', 'heun', 'dopri5', ...
@@ -318,7 +319,8 @@ class Vit5SitPipeline:
         an exception raised there stops sampling. ``return_dict=False``: ``(images, class_labels, seeds)``.
         """
         plan = plan_call(locals(), num_classes=self.model.cfg.num_classes,
-                         default_scale=self.config.log.sample_cfg_scale, sampler=self.config.sampler,
+                         default_scale=self.config.log.sample_cfg_scale,
+                         default_interval=self.config.log.sample_guidance_interval, sampler=self.config.sampler,
                          scheduler=self._scheduler, parse_name=parse_classes,
                          trained_guidance=trained_guidance(self.config), guide=self.guide)
         return run_call(plan, self.model, self.transport, progress_bar=self.progress_bar,

@@ -17,12 +17,13 @@ def seed_flag(seed: int, count: int, flag: str = "--seed") -> None:
 
 
 def guidance_flags(cfg_scale: float | None, interval) -> None:
-    """``--cfg-scale`` (None: the model's default) and ``--guidance-interval`` by the one guidance rule
+    """``--cfg-scale`` and ``--guidance-interval`` (None: the model's defaults) by the one guidance rule
     (`vit5_sit.transport.check_guidance_settings`), as a UsageError naming the flag."""
     from vit5_sit.transport.guidance import GuidanceError, check_guidance_settings
 
     try:
-        check_guidance_settings(1.0 if cfg_scale is None else cfg_scale, interval, "--cfg-scale",
+        check_guidance_settings(1.0 if cfg_scale is None else cfg_scale, (0.0, 1.0) if interval is None else interval,
+                                "--cfg-scale",
                                 "--guidance-interval")
     except GuidanceError as e:
         raise UsageError(str(e)) from None

@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--cfg-scale", type=finite_float, default=None,
         help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
              "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
-    arg("--guidance-interval", type=finite_float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
-        help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: 0 1)")
+    arg("--guidance-interval", type=finite_float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+        help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: .png grids: the run config's "
+             "log.sample_guidance_interval, else 0 1)")
     arg("--guide-channels", type=positive_int, default=None, metavar="N",
         help="guide only the first N channels (3 reproduces the official SiT/DiT scripts; default: all)")
     arg("--guide", metavar="PATH", type=path_text, default=None,
@@ -366,6 +367,9 @@ def _run(args, grid: bool) -> int:
                          "1 = the model alone; 1.5-3 is the usual range)")
     if args.cfg_scale is None:
         args.cfg_scale = loaded.cfg.log.sample_cfg_scale if grid and loaded.cfg is not None else 1.0
+    if args.guidance_interval is None:
+        args.guidance_interval = (loaded.cfg.log.sample_guidance_interval if grid and loaded.cfg is not None
+                                  else (0.0, 1.0))
     trained = trained_guidance(loaded.cfg) if loaded.cfg is not None else 1.0  # a MeanFlow model's, 1 = none
     try:
         if args.guide is None:  # autoguidance needs no null label: the guide is conditional
@@ -411,6 +415,9 @@ def _run(args, grid: bool) -> int:
         steps += f" atol {sampler.atol:g} rtol {sampler.rtol:g}"
     name = f"{sampler.mode}/{sampler.method}" if scheduler is None else f"diffusers {type(scheduler).__name__}"
     guidance = f"autoguidance {args.cfg_scale:g}" if guide is not None else f"cfg {args.cfg_scale:g}"
+    low, high = args.guidance_interval
+    if args.cfg_scale != 1 and (low, high) != (0, 1):
+        guidance += f" on t in [{low:g}, {high:g}]"
     what = f"{size}x{size}, {name}{steps}, {guidance}"
     source = sampler_source(args, loaded.cfg) if scheduler is None else "--scheduler"
     shown_guide = f" (guide: {args.guide})" if guide is not None else ""

@@ -149,7 +149,8 @@ class Models:
 
 
 def model_defaults(pipe) -> dict:
-    """What the page shows for a model before the user changes anything: its grid classes and sampler."""
+    """What the page shows for a model before the user changes anything: its grid classes, guidance (scale and
+    interval) and sampler."""
     from vit5_sit.common.classes import grid_classes, imagenet_name
 
     cfg, mcfg = pipe.config, pipe.model.cfg
@@ -167,7 +168,9 @@ def model_defaults(pipe) -> dict:
     if getattr(pipe, "guide", None) is not None:  # the folder carries a guide: the scale weighs the model against it
         about += ("; guidance is **autoguidance** with the guide the model folder carries (guide + scale x "
                   "(model - guide))")
-    return {"classes": text, "guidance": cfg.log.sample_cfg_scale, "sampler": cfg.sampler.mode,
+    low, high = cfg.log.sample_guidance_interval
+    return {"classes": text, "guidance": cfg.log.sample_cfg_scale, "low": low, "high": high,
+            "sampler": cfg.sampler.mode,
             "method": cfg.sampler.method if cfg.sampler.method in METHODS else "euler",
             "steps": cfg.sampler.steps, "about": about}
 
@@ -258,7 +261,9 @@ def generate_grid(models: Models, out_dir: Path, model: str, classes: str, per_c
     path = save_labelled_grid(images, out_dir / f"vit5-sit-grid-{key}.png", per_class,
                               [class_label(c, n) for c in ids])
     what = f"{sampler}/{method}" + (f" {steps} steps" if method in FIXED_STEP_METHODS else "")
-    info = (f"{len(ids)} classes x {per_class} images, {what}, guidance {float(guidance):g}, seeds {seed}-"
+    where = "" if (interval_low, interval_high) == (0.0, 1.0) or guidance == 1 else \
+        f" on t in [{interval_low:g}, {interval_high:g}]"
+    info = (f"{len(ids)} classes x {per_class} images, {what}, guidance {float(guidance):g}{where}, seeds {seed}-"
             f"{seed + len(labels) - 1}: {time.perf_counter() - start:.1f} s")
     return path, info
 
@@ -283,7 +288,7 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
             d = model_defaults(models.get(name))
         except DemoError as e:
             raise gr.Error(str(e)) from None
-        return d["classes"], d["guidance"], d["sampler"], d["method"], d["steps"], d["about"]
+        return d["classes"], d["guidance"], d["low"], d["high"], d["sampler"], d["method"], d["steps"], d["about"]
 
     def fill_one_step():
         """The one-step demo button's first half: the model box and the form set to the one-step demo's defaults
@@ -338,8 +343,8 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                 guidance = gr.Slider(1.0, 10.0, value=first["guidance"], step=0.25,
                                      label="guidance scale (1 = none)")
                 with gr.Row():
-                    low = gr.Number(0.0, label="guide from t", minimum=0, maximum=1)
-                    high = gr.Number(1.0, label="to t (0 noise, 1 data)", minimum=0, maximum=1)
+                    low = gr.Number(first["low"], label="guide from t", minimum=0, maximum=1)
+                    high = gr.Number(first["high"], label="to t (0 noise, 1 data)", minimum=0, maximum=1)
                 with gr.Row():
                     sampler = gr.Radio(["ode", "sde", "meanflow"], value=first["sampler"], label="sampler",
                                        info="meanflow: MeanFlow models only (1 step = 1 network call)")
@@ -365,9 +370,10 @@ def build_app(model: str = DEMO, out_dir: str | Path | None = None, allowed=None
                       gr.Number(visible=False)]
         api.click(generate, api_inputs, [grid, download, info], api_name="generate", **queued)
         form = dict(show_progress="hidden")  # filling the form is quick: no bar over each of its fields
-        load_btn.click(load, [name], [classes, guidance, sampler, method, steps, about], api_name="load", **form)
+        fields = [classes, guidance, low, high, sampler, method, steps, about]  # model_defaults, in load's order
+        load_btn.click(load, [name], fields, api_name="load", **form)
         # the one-step demo button fills the form, then draws its grid as "generate" would
-        one_step_btn.click(fill_one_step, None, [name, classes, guidance, sampler, method, steps, about],
+        one_step_btn.click(fill_one_step, None, [name, *fields],
                            api_visibility="private", **form).success(
             generate_on_page, inputs, [grid, download, info], api_visibility="private", **queued)
     app.queue(max_size=max_queue, default_concurrency_limit=1)

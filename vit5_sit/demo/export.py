@@ -50,6 +50,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
                  cfg_scale: float | None = None, sampler: list[str] | None = None,
                  repo_id: str | None = None, samples: bool = True, progress: bool = False,
                  preset: str | None = None, image_size: int | None = None, vae=None,
+                 guidance_interval: tuple[float, float] | None = None,  # None = the run's
                  guide: str | Path | None = None,
                  measured: list[str | Path] | None = None,  # bench_guidance.py records of this checkpoint
                  ) -> Path:
@@ -61,23 +62,26 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     The config is the run's with ``train.max_steps`` set to the exported checkpoint's step (the recipe that
     reproduces these weights); the card lists the metrics cached for that step by ``eval_fid.py compare``.
     ``cfg_scale``: the guidance scale ``sample.py`` uses for this model's grids by default (stored as the
-    config's ``log.sample_cfg_scale``); None keeps the run's. ``sampler``: overrides of the config's sampler
+    config's ``log.sample_cfg_scale``) and ``guidance_interval`` its interval in t (``log.sample_guidance_interval``);
+    None keeps the run's. ``sampler``: overrides of the config's sampler
     section, e.g. ``["sampler.mode=sde", "sampler.steps=50"]`` (sample.py's default for this model).
     ``preset``, ``image_size``, ``vae`` (a name, a folder or a loaded AutoencoderKL): official ``.pt`` files only
     (defaults SiT-XL/2, 256, stabilityai/sd-vae-ft-ema), see `export_official`; for our folders they are an error.
     ``guide``: autoguidance's guide, written as the folder's ``guide/`` (a model, run or checkpoint folder, or
-    "auto": the guide the run kept, `vit5_sit.hub.model_files.kept_guide`), checked against the model first.
+    "auto": the guide the run kept, `vit5_sit.hub.model_files.kept_guide`), checked against the model first; None
+    keeps the guide of a model folder exported again, "none" writes the folder without one.
     ``measured``: records of ``benchmarks/bench_guidance.py --json`` that measured this checkpoint (FID, sFID,
     precision, recall, digits, speckle by steps and guidance): their rows join the card's metrics (`measured_rows`).
     """
     from vit5_sit.common.checks import ModelLoadError
 
-    if Path(run_or_ckpt).is_file() and guide is not None:
+    if Path(run_or_ckpt).is_file() and guide not in (None, "none"):
         raise ModelLoadError("--guide: an official .pt file is exported alone; export it, then add a guide with "
                              "Vit5SitPipeline.from_pretrained(folder, guide=...).save_pretrained(folder)")
     if Path(run_or_ckpt).is_file():
         return export_official(run_or_ckpt, out, preset=preset, image_size=image_size, vae=vae, dtype=dtype,
-                               cfg_scale=cfg_scale, sampler=sampler, repo_id=repo_id, samples=samples,
+                               cfg_scale=cfg_scale, guidance_interval=guidance_interval, sampler=sampler,
+                               repo_id=repo_id, samples=samples,
                                progress=progress)
     if preset is not None or image_size is not None or vae is not None:
         raise ModelLoadError("--preset/--image-size/--vae apply to official .pt files only; this folder has its "
@@ -90,8 +94,7 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
 
     dtype = torch.float16 if dtype is None else dtype
     folder, config_path = resolve_checkpoint(run_or_ckpt)
-    overrides = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
-    overrides += list(sampler or [])
+    overrides = guidance_overrides(cfg_scale, guidance_interval) + list(sampler or [])
     cfg = config_at_step(config_path, folder, overrides)
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
     metrics = collect_metrics(run, cfg.train.max_steps) if run is not None else read_metrics(folder)
@@ -99,26 +102,42 @@ def export_model(run_or_ckpt: str | Path, out: str | Path,
     ema = read_weights(weights_file(folder))  # truncated or not safetensors: one line
     check_record(weights_file(folder), config_at_step(config_path, folder), folder)  # what the weights say they are
     vae = model_vae(folder, cfg) if cfg.data.kind == "latents" else None  # a model folder's own vae/ first
-    if guide is not None:  # checked against the model (data shape, classes, kind, transport) before writing
-        from vit5_sit.hub.guide import load_guide
+    if guide is None and (folder / "guide" / "config.json").is_file():
+        guide = folder / "guide"  # a model folder's guide goes with it (its default guidance weighs it)
+    if guide is not None and str(guide) != "none":  # checked against the model (data shape, classes, kind,
+        from vit5_sit.hub.guide import load_guide  # transport) before writing
         from vit5_sit.hub.model_files import kept_guide
 
         guide = load_guide(kept_guide(run_or_ckpt) if str(guide) == "auto" else guide, cfg)
+    else:
+        guide = None
     num_params = sum(v.numel() for v in ema.values())
     return write_export(
         out, lambda stage: write_model_folder(stage, ema, cfg, metrics=metrics, dtype=dtype, source=str(folder),
                                               repo_id=repo_id, vae=vae, guide=guide),
-        lambda: model_card(cfg, num_params, metrics, repo_id, has_samples=True),  # the card showing the grid
+        lambda: model_card(cfg, num_params, metrics, repo_id, has_samples=True, guided=guide is not None),
         samples=samples, progress=progress, sources=[folder])
+
+
+def guidance_overrides(cfg_scale: float | None, interval: tuple[float, float] | None) -> list[str]:
+    """The config overrides that set a folder's default guidance (None: the run's)."""
+    return ([f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []) + \
+        ([f"log.sample_guidance_interval=[{interval[0]},{interval[1]}]"] if interval is not None else [])
 
 
 def measured_rows(records, folder: Path, cfg) -> list[dict]:
     """The card's metrics rows of ``benchmarks/bench_guidance.py --json`` records: one per row, its settings named
-    as `eval_fid.py compare` names them (``n1000_seed0_meanflow_euler_1steps_cfg2.5``, an interval or guide
-    appended). A record that measured another checkpoint than ``folder`` is one error, not a wrong card."""
+    as `eval_fid.py compare` names them (``n1000_seed0_meanflow_euler_1steps_cfg2.5``; autoguidance
+    ``..._auto3_guide-LABEL`` with the record's label of its guide; an interval appended as ``_gi0-0.5``). A
+    record that measured another checkpoint than ``folder`` is one error, not a wrong card."""
     import json
 
     from vit5_sit.hub.model_files import resolve_checkpoint
+
+    default = (float(cfg.log.sample_cfg_scale), [float(v) for v in cfg.log.sample_guidance_interval])
+
+    def is_default(r) -> bool:  # the folder's default guidance first: the card quotes it
+        return (float(r["scale"]), [float(v) for v in r["interval"]]) == default
 
     rows = []
     for record in records:
@@ -130,12 +149,11 @@ def measured_rows(records, folder: Path, cfg) -> list[dict]:
         if not measured.exists() or resolve_checkpoint(measured)[0].resolve() != folder.resolve():
             raise ModelLoadError(f"--measured {record}: it measured {measured}, not {folder}; give the records of "
                                  "the exported checkpoint")
-        default = float(cfg.log.sample_cfg_scale)  # the folder's default guidance first: the card quotes it
-        for r in sorted(found, key=lambda r: (float(r["scale"]) != default, r.get("steps", 0), float(r["scale"]))):
+        for r in sorted(found, key=lambda r: (not is_default(r), r.get("steps", 0), float(r["scale"]))):
             interval = "" if list(r["interval"]) == [0.0, 1.0] else f"_gi{r['interval'][0]:g}-{r['interval'][1]:g}"
-            guide = f"_guide-{r['guide']}" if r.get("guide") else ""
+            guidance = f"auto{r['scale']:g}_guide-{r['guide']}" if r.get("guide") else f"cfg{r['scale']:g}"
             settings = (f"n{r['num_samples']}_seed{r['seed']}_{cfg.sampler.mode}_{cfg.sampler.method}_"
-                        f"{r.get('steps', cfg.sampler.steps)}steps_cfg{r['scale']:g}{interval}{guide}")
+                        f"{r.get('steps', cfg.sampler.steps)}steps_{guidance}{interval}")
             rows.append({"settings": settings, "step": cfg.train.max_steps,
                          "measured_by": "benchmarks/bench_guidance.py",
                          "reference": Path(str(data.get("reference", ""))).name or None,
@@ -146,7 +164,8 @@ def measured_rows(records, folder: Path, cfg) -> list[dict]:
 
 def export_official(path: str | Path, out: str | Path, *, preset: str | None = None, image_size: int | None = None,
                     vae=None, dtype: torch.dtype | None = None, cfg_scale: float | None = None,
-                    sampler: list[str] | None = None, repo_id: str | None = None, samples: bool = True,
+                    guidance_interval: tuple[float, float] | None = None, sampler: list[str] | None = None,
+                    repo_id: str | None = None, samples: bool = True,
                     progress: bool = False) -> Path:
     """An official SiT file (a raw state dict, e.g. ``SiT-XL-2-256x256.pt``, read with ``weights_only=True``) as
     a model folder: ``preset`` (default SiT-XL/2) at ``image_size`` pixels (default 256), SiT's ImageNet recipe
@@ -163,9 +182,8 @@ def export_official(path: str | Path, out: str | Path, *, preset: str | None = N
     preset = preset or OFFICIAL_PRESET
     model = load_official(path, preset, image_size)
     cfg = official_config(model.cfg, preset, str(vae) if isinstance(vae, str | Path) else DEFAULT_VAE, path)
-    extra = [f"log.sample_cfg_scale={cfg_scale}"] if cfg_scale is not None else []
-    try:  # --cfg-scale / --sampler: overrides, checked as for our runs
-        cfg = with_overrides(cfg, extra + list(sampler or []))
+    try:  # --cfg-scale / --guidance-interval / --sampler: overrides, checked as for our runs
+        cfg = with_overrides(cfg, guidance_overrides(cfg_scale, guidance_interval) + list(sampler or []))
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
     state = model.state_dict()
@@ -286,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                    "demo model is vit5_sit/assets/demo)")
     e.add_argument("--cfg-scale", type=finite_float, default=None,
                    help="guidance scale of the model's grids in sample.py (log.sample_cfg_scale; default: the run's)")
+    e.add_argument("--guidance-interval", type=finite_float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="its interval in t, 0 noise, 1 data (log.sample_guidance_interval; default: the run's)")
     e.add_argument("--sampler", choices=("ode", "sde", "meanflow"), default=None,
                    help="sample.py's default sampler for this model (sampler.mode; default: the run's)")
     e.add_argument("--method", default=None, help="sampler.method (default: the run's)")
@@ -308,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                         "speckle by steps and guidance) join the card's metrics")
     e.add_argument("--guide", type=path_text, default=None, metavar="PATH",
                    help="autoguidance's guide, stored as the folder's guide/: a run, checkpoint or model folder of "
-                        "the same data, classes and kind, or 'auto' (the guide the run kept)")
+                        "the same data, classes and kind, 'auto' (the guide the run kept) or 'none' (default: a "
+                        "model folder's own guide/, else none)")
     args = p.parse_args(argv)
+    from vit5_sit.cli.flags import guidance_flags
     from vit5_sit.common.utils import check_choice
     from vit5_sit.config import ConfigError  # torch: imported after parsing, so --help is instant
     from vit5_sit.data.vae import VAELoadError
@@ -330,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--out {args.out}: {problem}")
         if args.preset is not None:
             check_choice("--preset", args.preset, PRESETS, error=UsageError)
+        guidance_flags(args.cfg_scale, args.guidance_interval)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -337,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler = [f"sampler.{key}={value}" for key, value in
                (("mode", args.sampler), ("method", method), ("steps", args.steps)) if value is not None]
     try:
-        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, sampler=sampler, repo_id=args.push,
+        out = export_model(args.run, args.out, cfg_scale=args.cfg_scale, guidance_interval=args.guidance_interval,
+                           sampler=sampler, repo_id=args.push,
                            samples=not args.no_samples, progress=True, preset=args.preset,
                            image_size=args.image_size, vae=args.vae, guide=args.guide, measured=args.measured)
     except (ModelLoadError, ConfigError, VAELoadError, GuidanceError) as err:

@@ -5,7 +5,8 @@ build the model from it), ``transformer/config.json`` (the `ModelConfig` fields 
 and the weights, whose safetensors metadata records the `ModelConfig` fields they were written for
 (`weights_metadata`). The second and the third are derived from the first when the folder is written
 (`vit5_sit.hub.api.write_model_folder`); ``scheduler/scheduler_config.json`` (the transport and sampler sections)
-and ``model_index.json``'s ``guidance_scale`` (``log.sample_cfg_scale``) are derived the same way.
+and ``model_index.json``'s ``guidance_scale`` and ``guidance_interval`` (``log.sample_cfg_scale``,
+``log.sample_guidance_interval``) are derived the same way.
 
 Both doors check before they build, so that a folder edited by hand or mixed from two exports is refused rather
 than loaded as two different models:
@@ -228,8 +229,8 @@ def check_record(weights: str | Path, cfg: ExperimentConfig, where: str | Path) 
 def check_folder(folder: str | Path, cfg: ExperimentConfig, weights: str | Path | None = None) -> None:
     """A model folder's derived files against its config.yaml (``cfg``): transformer/config.json and the weights'
     record (the `ModelConfig`), scheduler/scheduler_config.json (the transport and sampler sections) and
-    model_index.json's guidance_scale (log.sample_cfg_scale). Files the folder lacks (older layouts, checkpoint
-    folders) are not checked."""
+    model_index.json's guidance_scale and guidance_interval (log.sample_cfg_scale, log.sample_guidance_interval).
+    Files the folder lacks (older layouts, checkpoint folders) are not checked."""
     from vit5_sit.transport.samplers import SamplerConfig
     from vit5_sit.transport.transport import TransportConfig
 
@@ -253,6 +254,9 @@ def check_folder(folder: str | Path, cfg: ExperimentConfig, weights: str | Path 
         if "guidance_scale" in stated:
             checks.append((index, {"guidance_scale": stated["guidance_scale"]},
                            {"guidance_scale": float(cfg.log.sample_cfg_scale)}))
+        if "guidance_interval" in stated:  # folders written before it have none: (0, 1)
+            checks.append((index, {"guidance_interval": stated["guidance_interval"]},
+                           {"guidance_interval": [float(v) for v in cfg.log.sample_guidance_interval]}))
         if "trained_guidance" in stated:  # folders written before it have none
             from vit5_sit.transport.guidance import trained_guidance
 

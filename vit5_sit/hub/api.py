@@ -183,10 +183,11 @@ def package_home() -> str | None:
 
 
 def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] = (),
-               repo_id: str | None = None, has_samples: bool = False, converted_from: str | None = None) -> str:
+               repo_id: str | None = None, has_samples: bool = False, converted_from: str | None = None,
+               guided: bool = False) -> str:
     """The README.md of a model folder or repo: Hub metadata (YAML) and what the model is, how to use it.
     ``converted_from``: the official SiT file the weights came from (`vit5_sit.hub.official`); None = trained
-    with vit5-sit."""
+    with vit5-sit. ``guided``: the folder carries autoguidance's guide (``guide/``), which its sampling uses."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from vit5_sit.config import LATENT_DOWNSAMPLE
@@ -222,7 +223,7 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
                      f"by SiT's authors: the official checkpoint `{Path(converted_from).name}`, converted"),
         ("dataset", f"{dataset} at {cfg.data.resolution}px"),
         ("transport", f"{cfg.transport.path} path, {cfg.transport.prediction} prediction"),
-        ("sampler defaults", f"{s.mode} {s.method}{steps}, guidance scale {cfg.log.sample_cfg_scale:g}"),
+        ("sampler defaults", f"{s.mode} {s.method}{steps}, {default_guidance(cfg, guided)}"),
         *(meanflow_rows(cfg) if one_step else []),
     ]
     source = repo_id or "OWNER/NAME"  # filled in by push_to_hub / `demo export --push`; see the note below
@@ -239,6 +240,8 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
              f"`scheduler/` (the default sampler){', `vae/`' if latent else ''} and the code of each as `.py` "
              "files, generated from vit5-sit's source when the folder was written.", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+    if guided:
+        lines += guide_section(cfg)
     if one_step:
         lines += meanflow_section(cfg, metrics)
     if metrics:
@@ -318,6 +321,31 @@ def model_card(cfg: ExperimentConfig, num_params: int, metrics: Sequence[dict] =
                          datasets=[hub_dataset[0]] if hub_dataset[0] else None,
                          model_name=cfg.name if eval_results else None, eval_results=eval_results or None)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+def default_guidance(cfg: ExperimentConfig, guided: bool) -> str:
+    """The folder's default guidance in words: its kind, scale or weight, and interval in t when it has one."""
+    low, high = cfg.log.sample_guidance_interval
+    where = "" if (low, high) == (0.0, 1.0) else f" on t in [{low:g}, {high:g}]"
+    if guided:
+        return f"autoguidance weight {cfg.log.sample_cfg_scale:g}{where} with the guide in `guide/`"
+    return f"guidance scale {cfg.log.sample_cfg_scale:g}{where}"
+
+
+def guide_section(cfg: ExperimentConfig) -> list[str]:
+    """The card's section on the guide a folder carries: what autoguidance does here and how to turn it off."""
+    low, high = cfg.log.sample_guidance_interval
+    where = ("at every step" if (low, high) == (0.0, 1.0) else
+             f"only for t in [{low:g}, {high:g}] (t = 0 noise, 1 data; `guidance_interval`, `--guidance-interval`): "
+             "the other steps take one network call instead of two")
+    return ["## Guidance: autoguidance", "",
+            "This folder carries a **guide** (`guide/`): a bad version of the model, an early checkpoint of a "
+            "training of the same config. Its samples are guided by it by default (autoguidance, Karras et al. "
+            "2024, arXiv 2406.02507): guide + w (model - guide), with w = `guidance_scale` / `--cfg-scale` "
+            f"(default {cfg.log.sample_cfg_scale:g}), {where}. The guide is loaded with the folder by diffusers, "
+            "`Vit5SitPipeline` and `sample.py` alike; `sample.py --guide none` (or `pipe.guide = None`) guides "
+            "classifier-free instead, with the model's own unconditional output, and `guidance_scale=1` samples "
+            "unguided.", ""]
 
 
 STEPS_IN_SETTINGS = re.compile(r"_(\d+)steps_")  # a metrics row's settings (CompareSettings.tag): ..._2steps_cfg1
@@ -446,7 +474,7 @@ def write_model_folder(out: str | Path, state: dict[str, torch.Tensor], cfg: Exp
         (out / METRICS_FILE).unlink(missing_ok=True)  # a folder written again must not keep older metrics
     atomic_write_text(out / CARD_FILE, model_card(cfg, num_params, metrics, repo_id,
                                                   has_samples=(out / SAMPLES_FILE).is_file(),
-                                                  converted_from=converted_from))
+                                                  converted_from=converted_from, guided=guide is not None))
     return out
 
 
@@ -549,7 +577,9 @@ class PretrainedModel:
         return sum(v.numel() for v in self.model.state_dict().values())
 
     def model_card(self, repo_id: str | None = None) -> str:
-        return model_card(self.config, self.num_parameters(), self.metrics, repo_id, has_samples=bool(self.samples))
+        guided = self.folder is not None and (self.folder / "guide" / "config.json").is_file()  # it carries one
+        return model_card(self.config, self.num_parameters(), self.metrics, repo_id, has_samples=bool(self.samples),
+                          guided=guided)
 
     def save_pretrained(self, save_directory: str | Path, *, dtype: torch.dtype | None = None,
                         repo_id: str | None = None, vae=None, guide: Denoiser | None = None) -> Path:

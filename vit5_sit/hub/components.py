@@ -45,6 +45,7 @@ from vit5_sit.models.config import ModelConfig
 from vit5_sit.models.denoiser import Denoiser
 from vit5_sit.sampling.call import plan_call, require_accelerate, run_call
 from vit5_sit.sampling.generate import sampler_settings
+from vit5_sit.transport.guidance import check_guidance_settings
 from vit5_sit.transport.samplers import SamplerConfig, steps_grid
 from vit5_sit.transport.transport import Transport, TransportConfig
 
@@ -168,7 +169,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
 
     ``pipe(class_labels, guidance_scale=None, num_inference_steps=None, seed=None, generator=None, ...)``: the call
     of `vit5_sit.pipeline.Vit5SitPipeline` (`vit5_sit.sampling.call`: the same contract, checks and images; class
-    ids only, since ImageNet names need the package). ``guidance_scale`` None = the model's (``model_index.json``).
+    ids only, since ImageNet names need the package). ``guidance_scale`` and ``guidance_interval`` None = the
+    model's (``model_index.json``).
     With a ``guide`` component (a second transformer: a bad version of the model), guidance_scale weighs the model
     against it (autoguidance) instead of against its unconditional output. ``pipe.scheduler`` may be swapped for a
     diffusers flow scheduler (``FlowMatchEulerDiscreteScheduler``, ``DPMSolverMultistepScheduler`` in its flow
@@ -180,13 +182,16 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
 
     def __init__(self, transformer: ModelMixin, scheduler: SchedulerMixin, vae: ModelMixin | None = None,
                  guide: ModelMixin | None = None, guidance_scale: float = 1.0, trained_guidance: float = 1.0,
-                 sampling: dict | None = None) -> None:
+                 sampling: dict | None = None, guidance_interval: Sequence[float] = (0.0, 1.0)) -> None:
         super().__init__()
         for module in (vae, guide):  # frozen as our loaders leave them: CPU convolutions of weights that need no
             if module is not None:   # grad round differently, and the images must be the same
                 module.requires_grad_(False)
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae, guide=guide)
-        self.register_to_config(guidance_scale=guidance_scale, trained_guidance=trained_guidance)
+        check_guidance_settings(guidance_scale, guidance_interval, "model_index.json guidance_scale",
+                                "model_index.json guidance_interval")  # a folder edited by hand: refused at load
+        self.register_to_config(guidance_scale=guidance_scale, guidance_interval=[float(v) for v in guidance_interval],
+                                trained_guidance=trained_guidance)
         if sampling is not None:  # our scheduler's config, kept when a diffusers scheduler replaced it
             self.register_to_config(sampling=sampling)
 
@@ -245,7 +250,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
     @torch.no_grad()
     def __call__(self, class_labels: int | Sequence[int], *,
                  guidance_scale: float | None = None,             # 1 = none; None = the model's default
-                 guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
+                 guidance_interval: tuple[float, float] | None = None,  # guide only for t in this range; None =
+                                                                  # the model's (model_index.json)
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the scheduler's
                  sampler: str | None = None,                      # 'ode' | 'sde'; None = the scheduler's
                  method: str | None = None,                       # 'euler', 'heun', 'dpm++2m', 'dopri5', ...
@@ -263,7 +269,9 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
         own = self.own_scheduler()
         other = None if self.scheduler is own else self.scheduler  # a diffusers flow scheduler
         plan = plan_call(arguments, num_classes=self.transformer.cfg.num_classes,
-                         default_scale=self.config.guidance_scale, sampler=own.sampler, scheduler=other,
+                         default_scale=self.config.guidance_scale,
+                         default_interval=self.config.guidance_interval, sampler=own.sampler,
+                         scheduler=other,
                          trained_guidance=self.config.trained_guidance, guide=self.guide)
         out = run_call(plan, self.transformer, own.transport, progress_bar=self.progress_bar, vae=self.vae,
                        device=self._execution_device, scheduler=other, guide=self.guide)

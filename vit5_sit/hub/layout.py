@@ -124,6 +124,7 @@ def write_diffusers_layout(out: str | Path, cfg: ExperimentConfig, vae=None, gui
     code = write_code(out, guide=guide_config is not None)
     index = {"_class_name": code[""], "_diffusers_version": version,
              "guidance_scale": float(cfg.log.sample_cfg_scale),
+             "guidance_interval": [float(v) for v in cfg.log.sample_guidance_interval],
              "trained_guidance": trained_guidance(cfg),  # a MeanFlow model's: it takes no second guidance
              **{folder: code[folder] for folder in COMPONENTS},
              VAE_FOLDER: ["diffusers", "AutoencoderKL"] if latent else [None, None],

@@ -160,6 +160,7 @@ def label_ids(labels, num_classes: int, parse_name: Callable[[str, int], list[in
 def plan_call(arguments: dict, *,
               num_classes: int,                  # the model's classes (ids 0 .. num_classes - 1)
               default_scale: float,              # guidance when guidance_scale is None
+              default_interval: Sequence[float] = (0.0, 1.0),  # its interval when guidance_interval is None
               sampler: SamplerConfig,            # the model's default sampler
               scheduler=None,                    # a diffusers flow scheduler that replaces our sampler, or None
               parse_name: Callable[[str, int], list[int]] | None = None,  # ImageNet names; None = ids only
@@ -184,7 +185,7 @@ def plan_call(arguments: dict, *,
     labels = [c for c in ids for _ in range(per_label)]
     seeds = draw_seeds(len(labels), a["seed"], a["generator"])
     scale = default_scale if a["guidance_scale"] is None else a["guidance_scale"]
-    interval = (0.0, 1.0) if a["guidance_interval"] is None else a["guidance_interval"]
+    interval = default_interval if a["guidance_interval"] is None else a["guidance_interval"]
     check_guidance_settings(scale, interval, "guidance_scale", "guidance_interval")
     check_second_guidance(trained_guidance, scale, guide)
     low, high = (float(v) for v in interval)

@@ -524,6 +524,7 @@ def _sample_grid(launch: Launch, state: State) -> None:
     classes = [c for c in lc.sample_classes for _ in range(lc.sample_per_class)]
     seeds = list(range(lc.sample_seed, lc.sample_seed + len(classes)))
     images = sample_images(model, state.transport, cfg.sampler, classes, seeds, cfg_scale=lc.sample_cfg_scale,
-                           vae=state.vae, device=launch.accelerator.device)
+                           guidance_interval=tuple(lc.sample_guidance_interval), vae=state.vae,
+                           device=launch.accelerator.device)
     save_labelled_grid(images, cfg.run_dir / "samples" / f"step_{state.step:07d}.png", ncol=lc.sample_per_class,
                        row_labels=[f"class {c}" for c in lc.sample_classes])

@@ -4,12 +4,13 @@
 # trust_remote_code=True). Not edited by hand: export the folder again to update it.
 from __future__ import annotations
 from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
+from numbers import Real
+import math
 import inspect
 import dataclasses
 from diffusers.configuration_utils import register_to_config
 import difflib
 import torch
-import math
 from dataclasses import dataclass
 def odeint(*args, **kwargs):  # torchdiffeq: imported on first use, an optional dependency
     import importlib
@@ -28,7 +29,6 @@ import sys
 import numpy as np
 import numbers
 from collections.abc import Callable, Sequence
-from numbers import Real
 import warnings
 import os
 import functools
@@ -40,6 +40,45 @@ import torch.nn.functional as F
 from typing import NamedTuple
 from torch.utils.checkpoint import checkpoint
 import contextlib
+
+
+# ---- from vit5_sit.transport.guidance -------------------------------------------------------------------------
+
+
+class GuidanceError(ValueError):
+    """Guidance asked of a model that has no unconditional (null) label."""
+
+
+# ---- from vit5_sit.common.contract ----------------------------------------------------------------------------
+
+
+MAX_GUIDANCE = 1_000.0     # classifier-free guidance: SiT and DiT use 1.5-4; far larger scales only overflow
+
+
+# ---- from vit5_sit.transport.guidance -------------------------------------------------------------------------
+
+
+def check_guidance_settings(scale: float, interval=(0.0, 1.0), scale_name: str = "cfg_scale",
+                            interval_name: str = "guidance_interval") -> None:
+    """The one rule for a guidance scale and interval, named as the caller's user wrote them (a CLI passes its
+    flags, e.g. ``--cfg-scale``): scale >= 0 (1 = none, 0 = unconditional), 0 <= low <= high <= 1."""
+    number = isinstance(scale, Real) and not isinstance(scale, bool)  # numpy scalars too
+    if number and not math.isfinite(scale):
+        raise GuidanceError(f"{scale_name} {float(scale):g}: not a finite number; give a scale >= 0 (1 = no "
+                            "guidance, 0 = unconditional)")
+    if not number or scale < 0:
+        shown = f"{float(scale):g}" if number else repr(scale)
+        raise GuidanceError(f"{scale_name} {shown}: must be >= 0 (1 = no guidance, 0 = unconditional)")
+    if scale > MAX_GUIDANCE:
+        raise GuidanceError(f"{scale_name} {float(scale):g}: at most {MAX_GUIDANCE:g} (SiT and DiT use 1.5-4; far "
+                            "larger scales only overflow the sampler)")
+    try:
+        low, high = (float(v) for v in interval)
+    except (TypeError, ValueError):
+        raise GuidanceError(f"{interval_name} {interval!r}: expected two numbers LOW HIGH in [0, 1]") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise GuidanceError(f"{interval_name} {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1 (t: 0 = noise, "
+                            "1 = data)")
 
 
 # ---- from vit5_sit.hub.components -----------------------------------------------------------------------------
@@ -1044,9 +1083,6 @@ class Range:
         return "a finite number"
 
 
-MAX_GUIDANCE = 1_000.0     # classifier-free guidance: SiT and DiT use 1.5-4; far larger scales only overflow
-
-
 GUIDANCE = Range(0.0, MAX_GUIDANCE, why="1 = no guidance, 0 = unconditional; SiT uses 1.5-4")
 
 
@@ -1289,33 +1325,6 @@ def draw_seeds(n: int, seed, generator) -> list[int]:
 # ---- from vit5_sit.transport.guidance -------------------------------------------------------------------------
 
 
-class GuidanceError(ValueError):
-    """Guidance asked of a model that has no unconditional (null) label."""
-
-
-def check_guidance_settings(scale: float, interval=(0.0, 1.0), scale_name: str = "cfg_scale",
-                            interval_name: str = "guidance_interval") -> None:
-    """The one rule for a guidance scale and interval, named as the caller's user wrote them (a CLI passes its
-    flags, e.g. ``--cfg-scale``): scale >= 0 (1 = none, 0 = unconditional), 0 <= low <= high <= 1."""
-    number = isinstance(scale, Real) and not isinstance(scale, bool)  # numpy scalars too
-    if number and not math.isfinite(scale):
-        raise GuidanceError(f"{scale_name} {float(scale):g}: not a finite number; give a scale >= 0 (1 = no "
-                            "guidance, 0 = unconditional)")
-    if not number or scale < 0:
-        shown = f"{float(scale):g}" if number else repr(scale)
-        raise GuidanceError(f"{scale_name} {shown}: must be >= 0 (1 = no guidance, 0 = unconditional)")
-    if scale > MAX_GUIDANCE:
-        raise GuidanceError(f"{scale_name} {float(scale):g}: at most {MAX_GUIDANCE:g} (SiT and DiT use 1.5-4; far "
-                            "larger scales only overflow the sampler)")
-    try:
-        low, high = (float(v) for v in interval)
-    except (TypeError, ValueError):
-        raise GuidanceError(f"{interval_name} {interval!r}: expected two numbers LOW HIGH in [0, 1]") from None
-    if not 0.0 <= low <= high <= 1.0:
-        raise GuidanceError(f"{interval_name} {low:g} {high:g}: need 0 <= LOW <= HIGH <= 1 (t: 0 = noise, "
-                            "1 = data)")
-
-
 def check_second_guidance(trained: float, scale: float, guide=None) -> None:
     """The one rule for guidance at sampling on a model with guidance trained in (``trained`` != 1, see
     `trained_guidance`): none on top of it, classifier-free (scale != 1) or autoguidance (a guide). Called by
@@ -1377,6 +1386,7 @@ class CallPlan:
 def plan_call(arguments: dict, *,
               num_classes: int,                  # the model's classes (ids 0 .. num_classes - 1)
               default_scale: float,              # guidance when guidance_scale is None
+              default_interval: Sequence[float] = (0.0, 1.0),  # its interval when guidance_interval is None
               sampler: SamplerConfig,            # the model's default sampler
               scheduler=None,                    # a diffusers flow scheduler that replaces our sampler, or None
               parse_name: Callable[[str, int], list[int]] | None = None,  # ImageNet names; None = ids only
@@ -1401,7 +1411,7 @@ def plan_call(arguments: dict, *,
     labels = [c for c in ids for _ in range(per_label)]
     seeds = draw_seeds(len(labels), a["seed"], a["generator"])
     scale = default_scale if a["guidance_scale"] is None else a["guidance_scale"]
-    interval = (0.0, 1.0) if a["guidance_interval"] is None else a["guidance_interval"]
+    interval = default_interval if a["guidance_interval"] is None else a["guidance_interval"]
     check_guidance_settings(scale, interval, "guidance_scale", "guidance_interval")
     check_second_guidance(trained_guidance, scale, guide)
     low, high = (float(v) for v in interval)
@@ -2070,7 +2080,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
 
     ``pipe(class_labels, guidance_scale=None, num_inference_steps=None, seed=None, generator=None, ...)``: the call
     of `vit5_sit.pipeline.Vit5SitPipeline` (`vit5_sit.sampling.call`: the same contract, checks and images; class
-    ids only, since ImageNet names need the package). ``guidance_scale`` None = the model's (``model_index.json``).
+    ids only, since ImageNet names need the package). ``guidance_scale`` and ``guidance_interval`` None = the
+    model's (``model_index.json``).
     With a ``guide`` component (a second transformer: a bad version of the model), guidance_scale weighs the model
     against it (autoguidance) instead of against its unconditional output. ``pipe.scheduler`` may be swapped for a
     diffusers flow scheduler (``FlowMatchEulerDiscreteScheduler``, ``DPMSolverMultistepScheduler`` in its flow
@@ -2082,13 +2093,16 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
 
     def __init__(self, transformer: ModelMixin, scheduler: SchedulerMixin, vae: ModelMixin | None = None,
                  guide: ModelMixin | None = None, guidance_scale: float = 1.0, trained_guidance: float = 1.0,
-                 sampling: dict | None = None) -> None:
+                 sampling: dict | None = None, guidance_interval: Sequence[float] = (0.0, 1.0)) -> None:
         super().__init__()
         for module in (vae, guide):  # frozen as our loaders leave them: CPU convolutions of weights that need no
             if module is not None:   # grad round differently, and the images must be the same
                 module.requires_grad_(False)
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae, guide=guide)
-        self.register_to_config(guidance_scale=guidance_scale, trained_guidance=trained_guidance)
+        check_guidance_settings(guidance_scale, guidance_interval, "model_index.json guidance_scale",
+                                "model_index.json guidance_interval")  # a folder edited by hand: refused at load
+        self.register_to_config(guidance_scale=guidance_scale, guidance_interval=[float(v) for v in guidance_interval],
+                                trained_guidance=trained_guidance)
         if sampling is not None:  # our scheduler's config, kept when a diffusers scheduler replaced it
             self.register_to_config(sampling=sampling)
 
@@ -2147,7 +2161,8 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
     @torch.no_grad()
     def __call__(self, class_labels: int | Sequence[int], *,
                  guidance_scale: float | None = None,             # 1 = none; None = the model's default
-                 guidance_interval: tuple[float, float] = (0.0, 1.0),  # guide only for t in this range
+                 guidance_interval: tuple[float, float] | None = None,  # guide only for t in this range; None =
+                                                                  # the model's (model_index.json)
                  num_inference_steps: int | None = None,          # fixed-step methods; None = the scheduler's
                  sampler: str | None = None,                      # 'ode' | 'sde'; None = the scheduler's
                  method: str | None = None,                       # 'euler', 'heun', 'dpm++2m', 'dopri5', ...
@@ -2165,7 +2180,9 @@ class Vit5SitDiffusersPipeline(DiffusionPipeline):
         own = self.own_scheduler()
         other = None if self.scheduler is own else self.scheduler  # a diffusers flow scheduler
         plan = plan_call(arguments, num_classes=self.transformer.cfg.num_classes,
-                         default_scale=self.config.guidance_scale, sampler=own.sampler, scheduler=other,
+                         default_scale=self.config.guidance_scale,
+                         default_interval=self.config.guidance_interval, sampler=own.sampler,
+                         scheduler=other,
                          trained_guidance=self.config.trained_guidance, guide=self.guide)
         out = run_call(plan, self.transformer, own.transport, progress_bar=self.progress_bar, vae=self.vae,
                        device=self._execution_device, scheduler=other, guide=self.guide)

@@ -357,7 +357,7 @@ def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
 
     m = hub.PretrainedModel.from_pretrained()
     record = json.loads((ROOT / "docs" / "study" / "guidance" / "demo.json").read_text())
-    default = next(r for r in record["rows"] if r["cell"] == "auto:s800@3@0-0.5" and r["seed"] == 0)  # #52's pick
+    default = next(r for r in record["rows"] if r["cell"] == "auto:folder@3@0-0.5" and r["seed"] == 0)  # as shipped
     assert (m.config.log.sample_cfg_scale, m.config.log.sample_guidance_interval) == (3.0, [0.0, 0.5])
     assert [(r["num_samples"], r["digit_accuracy"]) for r in m.metrics] == [
         (1000, default["digit_accuracy"]), (1000, 0.994), (1000, 0.872), (1000, 1.0)]
@@ -369,7 +369,7 @@ def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
     assert f"![samples of every class row by row]({hub.SAMPLES_FILE})" in card
     assert "| sampler defaults | ode euler, 6 steps, autoguidance weight 3 on t in [0, 0.5] with the guide in " in card
     assert "## Guidance: autoguidance" in card
-    assert ("| 3600 | `n1000_seed0_ode_euler_6steps_auto3_guide-s800_gi0-0.5` | reference.npz | 1,000 | "
+    assert ("| 3600 | `n1000_seed0_ode_euler_6steps_auto3_guide-folder_gi0-0.5` | reference.npz | 1,000 | "
             f"{default['fid']:.2f} | {default['sfid']:.2f} | {default['precision']:.3f} | {default['recall']:.3f} | "
             f"{default['digit_accuracy']:.3f} |") in card
     assert ("| 3600 | `n1000_seed0_ode_euler_6steps_cfg6` | all 5,000 real digits (data/mnist32), torch-fidelity "
@@ -379,7 +379,7 @@ def test_bundled_demo_card_has_its_measured_metrics_and_sample_grid(tmp_path):
         in card
     front = yaml.safe_load(card.split("---\n")[1])
     index = [(x["type"], x["value"], x["config"]) for r in front["model-index"][0]["results"] for x in r["metrics"]]
-    auto = "n1000_seed0_ode_euler_6steps_auto3_guide-s800_gi0-0.5"
+    auto = "n1000_seed0_ode_euler_6steps_auto3_guide-folder_gi0-0.5"
     assert ("fid", round(default["fid"], 2), auto) in index  # the default's (docs/sampling.md)
     assert ("digit_accuracy", default["digit_accuracy"], auto) in index
     assert ("digit_accuracy", 1.0, "n1000_seed0_ode_euler_6steps_cfg6") in index

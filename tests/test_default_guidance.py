@@ -113,3 +113,16 @@ def test_export_sets_the_default_guidance(folder, tmp_path):
     assert "## Guidance: autoguidance" in card
     assert main(["export", str(folder), "--out", str(tmp_path / "y"), "--guidance-interval", "0.6", "0.2"]) == 2
     assert not (tmp_path / "y").exists()  # refused before anything is written
+
+
+def test_export_keeps_a_folders_guide_unless_told_none(folder, tmp_path):
+    """Exported again, a model folder keeps its guide/ (its default guidance weighs it); --guide none drops it."""
+    from vit5_sit.demo.export import export_model
+
+    kept = export_model(folder, tmp_path / "kept", samples=False)
+    assert (kept / "guide" / "diffusion_pytorch_model.safetensors").is_file()
+    assert json.loads((kept / "model_index.json").read_text())["guide"][1] == "Vit5SitTransformer2DModel"
+    dropped = export_model(folder, tmp_path / "dropped", samples=False, guide="none")
+    assert not (dropped / "guide").exists()
+    assert json.loads((dropped / "model_index.json").read_text())["guide"] == [None, None]
+    assert "## Guidance: autoguidance" not in (dropped / "README.md").read_text()

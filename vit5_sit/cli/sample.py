@@ -84,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--seed", type=integer, default=0,
         help="seed of the first image; image i has seed + i, each in [0, 2**32) (default: 0)")
     arg("--cfg-scale", type=finite_float, default=None,
-        help="classifier-free guidance scale; 1 = none (default: .png grids: the run config's "
-             "log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
+        help="guidance scale (classifier-free, or autoguidance's weight with a guide); 1 = none (default: .png "
+             "grids: the run config's log.sample_cfg_scale, the guidance of its training grids, else 1; .npz: 1)")
     arg("--guidance-interval", type=finite_float, nargs=2, default=None, metavar=("LOW", "HIGH"),
         help="guide only for t in [LOW, HIGH] (t = 0 noise, 1 data; default: .png grids: the run config's "
              "log.sample_guidance_interval, else 0 1)")

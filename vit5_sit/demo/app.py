@@ -12,8 +12,8 @@ run, checkpoint, model folder or Hub repo; on another address it serves only --m
 folders of this machine or download arbitrary repos. Generation is `Vit5SitPipeline` (the
 images of ``sample.py`` for the same seeds and settings: image i of the grid has seed SEED + i); the demo
 model draws its 40-digit grid with its folder's sampler defaults (ODE Euler, 6 steps, autoguidance 3 with
-its guide on t in [0, 0.5]: 10 network evaluations a batch) in the time ``python sample.py`` takes; fewer images per class or steps are
-quicker. A grid may take at most --max-evals
+its guide on t in [0, 0.5]: 10 network evaluations a batch) in the time ``python sample.py`` takes; fewer
+images per class or steps are quicker. A grid may take at most --max-evals
 network evaluations (images x evaluations, x 2 when guided; dopri5 is stopped past it), one grid is drawn at a
 time and up to --max-queue calls wait, each shown its place. Gradio is imported only here, so the library
 works without it.

@@ -318,9 +318,9 @@ def test_the_generation_study_shares_the_component_studys_runs_and_samples_like_
     demo = load_config(root / "vit5_sit" / "assets" / "demo" / "config.yaml")
     assert (gen.eval.mode, gen.eval.method, gen.eval.steps) == (demo.sampler.mode, demo.sampler.method,
                                                                  demo.sampler.steps)
-    # Guided at 6: the demo's guidance when the study was scored; the demo's default is 2.5 since the guidance
-    # frontier (issue #52, docs/study/guidance/), which the studies' records predate.
-    assert demo.log.sample_cfg_scale == 2.5
+    # Guided at 6: the demo's guidance when the study was scored; the demo's default is autoguidance 3 on t in
+    # [0, 0.5] since the guidance frontier (issue #52, docs/study/guidance/), which the studies' records predate.
+    assert (demo.log.sample_cfg_scale, demo.log.sample_guidance_interval) == (3.0, [0.0, 0.5])
     assert {"sfid", "precision", "recall", "digit_accuracy"} <= set(gen.eval.metrics)
     assert set(gen.decision.candidates) == {a.name for a in gen.arms}
 

@@ -285,8 +285,10 @@ def test_the_bundled_study_evaluates_unguided_and_at_the_demos_guidance():
     root = Path(__file__).resolve().parent.parent
     spec = load_study(root / "configs" / "study" / "mnist.yaml")
     demo = yaml.safe_load((root / "vit5_sit" / "assets" / "demo" / "config.yaml").read_text())
-    # Guided at 6, the demo's guidance when these cells were scored (2.5 since issue #52's frontier)
-    assert spec.eval.cfg_scales == (1.0, 6.0) and demo["log"]["sample_cfg_scale"] == 2.5
+    # Guided at 6, the demo's guidance when these cells were scored (since issue #52's frontier: classifier-free
+    # 2.5, then autoguidance 3 on t in [0, 0.5] with the folder's guide)
+    assert spec.eval.cfg_scales == (1.0, 6.0)
+    assert (demo["log"]["sample_cfg_scale"], demo["log"]["sample_guidance_interval"]) == (3.0, [0.0, 0.5])
     assert (spec.eval.mode, spec.eval.method, spec.eval.steps) == ("ode", "heun", 15)  # as every saved cell
     seeds = {a.name: a.seeds for a in spec.arms}
     for arm in ("sit", "vit5-nols", "nols-no-registers", "sit-rope"):  # issue #28's arms, 3 seeds each

@@ -186,6 +186,17 @@ def path_problem(text: str) -> str | None:
     return None
 
 
+def guide_step(guide: str) -> int | None:
+    """The step of a ``step:N`` guide (each run's own checkpoint at step N, as `eval_fid.py compare --guide` and a
+    study's ``eval.guide`` name it); None for another form; ValueError when N is not a positive whole number."""
+    if not guide.startswith("step:"):
+        return None
+    step = guide[5:]
+    if not (step.isascii() and step.isdigit() and int(step) > 0):
+        raise ValueError(f"{guide!r}: step:N takes a positive whole step, e.g. step:800")
+    return int(step)
+
+
 def path_text(text: str) -> str:
     """argparse type of a path (or name) flag: an empty value, typically an unset shell variable, is refused
     instead of meaning the current folder (``--save-images ""`` wrote PNGs into it), and so is a name too long

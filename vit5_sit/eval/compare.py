@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5_sit.common.checks import guide_step
 from vit5_sit.common.contract import metric_problem
 from vit5_sit.common.utils import atomic_write_file, atomic_write_text
 from vit5_sit.transport.samplers import FIXED_STEP_METHODS
@@ -65,10 +66,10 @@ class CompareSettings:
             check_seeds(self.seed, self.num_samples)
         except (GuidanceError, SeedError) as e:
             raise CompareError(str(e)) from None
-        if self.guide is not None and self.guide.startswith("step:"):
-            step = self.guide[5:]
-            if not (step.isascii() and step.isdigit() and int(step) > 0):
-                raise CompareError(f"guide {self.guide!r}: step:N takes a positive whole step, e.g. step:400")
+        try:
+            guide_step(self.guide or "")
+        except ValueError as e:
+            raise CompareError(f"guide {e}") from None
 
     def guide_path(self, run: Path) -> Path | None:
         """The guide of ``run``'s checkpoints (None: classifier-free guidance); CompareError when it is missing."""
@@ -80,10 +81,10 @@ class CompareSettings:
         try:
             if self.guide == "auto":
                 return kept_guide(run)
-            if self.guide.startswith("step:"):
-                path = checkpoint_dir(run) / f"{PREFIX}{int(self.guide[5:]):07d}"
+            if (step := guide_step(self.guide)) is not None:
+                path = checkpoint_dir(run) / f"{PREFIX}{step:07d}"
                 if not path.is_dir():
-                    raise ModelLoadError(f"{run}: no checkpoint at step {self.guide[5:]} to guide with ({path})")
+                    raise ModelLoadError(f"{run}: no checkpoint at step {step} to guide with ({path})")
                 return path
             path = local_model_path(self.guide)
             if not path.exists():

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit5_sit.common.checks import path_problem, shown
+from vit5_sit.common.checks import guide_step, path_problem, shown
 from vit5_sit.common.contract import (
     BATCH,
     GUIDANCE,
@@ -315,11 +315,11 @@ def _check_guide_form(key: str, value, allow_none: bool) -> None:
         if not allow_none:
             raise StudyError(f"{key}: none: leave {key} out for classifier-free guidance")
         return
-    if value.startswith("step:"):
-        step = value[5:]
-        if not (step.isascii() and step.isdigit() and int(step) > 0):
-            raise StudyError(f"{key}: {value!r}: step:N takes a positive whole step, e.g. step:800")
-        return
+    try:
+        if guide_step(value) is not None:
+            return
+    except ValueError as e:
+        raise StudyError(f"{key}: {e}") from None
     if value == "auto":
         return
     if (problem := path_problem(value.replace("{seed}", "0"))) is not None:
@@ -394,9 +394,9 @@ def _check_arm_config(key: str, spec: StudySpec, arm: Arm) -> None:
         if model.mean_flow:
             raise StudyError(f"{where}: {guide}: a MeanFlow model's guidance is trained in or a network input; "
                              "autoguidance is for flow models: leave the guide out")
-        if guide.startswith("step:") and (int(guide[5:]) > spec.max_steps or (
-                int(guide[5:]) % every and int(guide[5:]) != spec.max_steps)):
-            raise StudyError(f"{where}: {guide}: the run saves no checkpoint at step {guide[5:]} (train.ckpt_every="
+        step = guide_step(guide)
+        if step is not None and (step > spec.max_steps or (step % every and step != spec.max_steps)):
+            raise StudyError(f"{where}: {guide}: the run saves no checkpoint at step {step} (train.ckpt_every="
                              f"{every}, last step {spec.max_steps}); guide with a step it saves, e.g. step:{every}")
     missed = [s for s in spec.steps if s % every and s != spec.max_steps]
     if missed:

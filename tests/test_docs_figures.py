@@ -403,3 +403,15 @@ def test_quoted_record_figures_are_the_records():
                 f"{page}: {m.group(0)}"
             found += 1
     assert found >= 4, "docs/meanflow.md quotes the converted models' figures"
+
+
+def test_the_one_step_speed_up_quoted_is_the_sampling_benchmarks():
+    """README and docs/demo.md quote how much faster the one-step demo samples than the flow demo's default: the
+    ratio of the two rows of `bench_meanflow.py --sampling` in benchmarks/README.md (to its printed rounding)."""
+    bench = (ROOT / "benchmarks" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (demo|demo-1step) \| [^|]+ \| \d+ \| ([\d.]+) \|", bench, re.M))
+    ratio = float(rows["demo"]) / float(rows["demo-1step"])
+    for page in ("README.md", "docs/demo.md", "benchmarks/README.md"):
+        quoted = re.findall(r"([\d.]+)x faster than the flow demo", _page(page))
+        assert quoted, f"{page}: says how much faster the one-step demo samples"
+        assert abs(float(quoted[0]) - ratio) <= 0.06, f"{page}: {quoted[0]}x, the benchmark's rows give {ratio:.2f}x"

@@ -23,7 +23,6 @@ def guidance_flags(cfg_scale: float | None, interval) -> None:
 
     try:
         check_guidance_settings(1.0 if cfg_scale is None else cfg_scale, (0.0, 1.0) if interval is None else interval,
-                                "--cfg-scale",
-                                "--guidance-interval")
+                                "--cfg-scale", "--guidance-interval")
     except GuidanceError as e:
         raise UsageError(str(e)) from None

@@ -73,7 +73,7 @@ CONFIG = {
     "train.ckpt_every": ">= 1", "train.keep_last": ">= 0", "train.guide_at": "(0.0, 1.0)",
     "train.max_nonfinite": ">= 1",
     "log.every": ">= 1", "log.sample_every": ">= 0", "log.sample_classes": ">= 0", "log.sample_per_class": ">= 1",
-    "log.sample_seed": SEED, "log.sample_cfg_scale": GUIDANCE,
+    "log.sample_seed": SEED, "log.sample_cfg_scale": GUIDANCE, "log.sample_guidance_interval": "[0.0, 1.0]",
     "transport.logit_normal_mean": "any", "transport.logit_normal_std": "> 0.0",
     "transport.train_eps": "[0.0, 0.5)", "transport.sample_eps": "[0.0, 0.5)",
     "sampler.steps": STEPS, "sampler.atol": "[1e-10, 1.0]", "sampler.rtol": "[1e-10, 1.0]", "sampler.shift": "> 0.0",

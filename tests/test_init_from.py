@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from tinydata import TINY_TRAIN, image_folder
 
-from vit5_sit.config import load_config
+from vit5_sit.config import load_config, with_overrides
 from vit5_sit.hub.model_files import load_for_sampling
 from vit5_sit.models import create_model
 from vit5_sit.train.checkpoint import list_checkpoints
@@ -139,13 +139,18 @@ def test_export_measured_rows_join_the_card_and_name_their_checkpoint(tmp_path):
            "steps": 6, "nfe": 12, "num_samples": 1000, "digit_accuracy": 0.994, "speckle": 0.0005, "fid": 48.3,
            "sfid": 86.1, "precision": 0.195, "recall": 0.257}
     unguided = {**row, "cell": "cfg@1", "scale": 1.0, "fid": 67.3, "digit_accuracy": 0.872}
+    auto = {**row, "cell": "auto:folder@3@0-0.5", "guidance": "auto", "guide": "folder", "scale": 3.0,
+            "interval": [0.0, 0.5], "nfe": 10, "fid": 36.5, "digit_accuracy": 0.99}
     record = tmp_path / "demo.json"
     record.write_text(json.dumps({"model": str(DEMO_MODEL), "reference": "runs/study/reference.npz",
-                                  "rows": [unguided, row]}))
-    cfg = load_config(DEMO_MODEL / "config.yaml")
+                                  "rows": [unguided, row, auto]}))
+    cfg = load_config(DEMO_MODEL / "config.yaml")  # its default: autoguidance 3 on [0, 0.5]
     rows = measured_rows([record], DEMO_MODEL, cfg)
-    assert [r["settings"] for r in rows] == ["n1000_seed0_ode_euler_6steps_cfg2.5", "n1000_seed0_ode_euler_6steps_cfg1"]
-    assert rows[0]["fid"] == 48.3 and rows[0]["speckle"] == 0.0005 and rows[0]["reference"] == "reference.npz"
+    assert [r["settings"] for r in rows] == ["n1000_seed0_ode_euler_6steps_auto3_guide-folder_gi0-0.5",
+                                             "n1000_seed0_ode_euler_6steps_cfg1", "n1000_seed0_ode_euler_6steps_cfg2.5"]
+    assert rows[0]["fid"] == 36.5 and rows[2]["speckle"] == 0.0005 and rows[0]["reference"] == "reference.npz"
+    cfg25 = with_overrides(cfg, ["log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[0.0, 1.0]"])
+    assert measured_rows([record], DEMO_MODEL, cfg25)[0]["settings"] == "n1000_seed0_ode_euler_6steps_cfg2.5"
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"model": str(DEMO_MODEL.parent / "demo-1step"), "rows": [row]}))
     with pytest.raises(ModelLoadError, match="not .*demo; give the records of the exported checkpoint"):

@@ -75,6 +75,28 @@ def test_readme_generation_study_figures():
     _said("README.md", f"four arms, {sit_u.n} training seeds ({rope.n} for SiT + RoPE and ViT5G), 3,600 steps")
 
 
+def test_readme_guided_verdict_at_the_default_guidance_is_the_guidance_records():
+    """SiT + RoPE against ViT5G at the default guidance (issue #52's records, paired by training seed)."""
+    import statistics
+
+    from vit5_sit.study.intervals import t_interval
+
+    fid = {}
+    for record in (STUDY / "guidance").glob("*-s*.json"):
+        arm, seed = record.stem.rsplit("-s", 1)
+        fid[(arm, int(seed))] = next(r["fid"] for r in json.loads(record.read_text())["rows"]
+                                     if r["cell"] == "auto:s800@3@0-0.5" and r["seed"] == 0)
+    rope, nols = ([f for (a, _), f in sorted(fid.items()) if a == arm] for arm in ("sit-rope", "vit5-nols"))
+    seeds = sorted({s for a, s in fid if a == "sit-rope"} & {s for a, s in fid if a == "vit5-nols"})
+    diffs = [fid[("sit-rope", s)] - fid[("vit5-nols", s)] for s in seeds]
+    lo, hi = t_interval(diffs)
+    assert len(rope) == len(nols) == len(seeds)
+    _said("README.md", f"SiT + RoPE {statistics.mean(rope):.1f} ± {statistics.stdev(rope):.1f} against ViT5G's "
+                       f"{statistics.mean(nols):.1f} ± {statistics.stdev(nols):.1f} ({len(seeds)} training seeds; "
+                       f"ahead on {sum(d < 0 for d in diffs)} of {len(seeds)} seeds, paired 95% t-interval "
+                       f"[{lo:.1f}, {hi:.1f}])")
+
+
 def test_readme_meanflow_figures_are_against_every_flow_seed():
     """The MeanFlow paragraph compares with the flow study's every seed (not the 3 / 4 it had when written)."""
     one = {s: (_fid(MEANFLOW[1], "meanflow-sit-rope", s), _fid(MEANFLOW[1], "meanflow-vit5g", s)) for s in FLOW_STEP}

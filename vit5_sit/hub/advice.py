@@ -22,11 +22,21 @@ ARM_PRESETS = {"sit-rope": "SiTRoPE-*", "vit5-nols": "ViT5G-*", "nols-no-registe
                "model.num_registers=0", "sit": "SiT-*"}
 # unguided, the winner against vit5-nols paired by training seed: seeds ahead, seeds paired, the 95% t-interval
 UNGUIDED_PAIRED = (4, 5, (-13.3, -0.3))
+# the default guidance (autoguidance weight 3 on t in [0, 0.5], the run's step-800 checkpoint as guide), issue #52:
+# arm -> (mean FID-1000, sd, training seeds) of docs/study/guidance/ARM-sSEED.json's auto:s800@3@0-0.5 rows
+GUIDED_STUDY: dict[str, tuple[float, float, int]] = {"sit-rope": (33.9, 1.1, 3), "vit5-nols": (38.1, 1.0, 3)}
+# sit-rope against vit5-nols there, paired by training seed: seeds ahead, seeds paired, the 95% t-interval
+GUIDED_PAIRED = (3, 3, (-9.4, 1.1))
 STUDY_FAMILIES = ("SiT", "SiTRoPE", "ViT5G", "ViT5")  # presets the study (or the component study before it) ranks
 
 
 def _fid(arm: str, cfg_scale: float) -> str:
     mean, sd, n = GENERATION_STUDY[(arm, cfg_scale)]
+    return f"{mean:.1f} ± {sd:.1f} over {n} seeds"
+
+
+def _guided(arm: str) -> str:
+    mean, sd, n = GUIDED_STUDY[arm]
     return f"{mean:.1f} ± {sd:.1f} over {n} seeds"
 
 
@@ -36,6 +46,7 @@ def backbone_advice(cfg: ExperimentConfig) -> list[str]:
     if cfg.model.preset.split("-")[0] not in STUDY_FAMILIES:
         return []
     ahead, paired, (lo, hi) = UNGUIDED_PAIRED
+    g_ahead, g_paired, (g_lo, g_hi) = GUIDED_PAIRED
     return [
         "## Choosing a backbone", "",
         "vit5-sit's generation study (`docs/study` in vit5-sit's repository: MNIST at 32 px, T/4 models of 4.2M "
@@ -44,8 +55,11 @@ def backbone_advice(cfg: ExperimentConfig) -> list[str]:
         f"- **Without guidance: `{ARM_PRESETS[VERDICT[1.0]]}`** (SiT + 2D RoPE {_fid('sit-rope', 1.0)}, against "
         f"ViT5G's {_fid('vit5-nols', 1.0)}; ahead on {ahead} of {paired} paired seeds, paired 95% t-interval "
         f"[{lo:+.1f}, {hi:+.1f}]).",
-        f"- **With guidance (cfg 6): `{ARM_PRESETS[VERDICT[6.0]]}`** (the default): ViT5G "
-        f"{_fid('vit5-nols', 6.0)} and SiT + RoPE "
+        f"- **With guidance, level: `{ARM_PRESETS[VERDICT[6.0]]}`** (the default) **or `{ARM_PRESETS['sit-rope']}`**. "
+        "At the default guidance (autoguidance, weight 3 on t in [0, 0.5], each run's step-800 checkpoint as the "
+        f"guide; `docs/study/guidance`) SiT + 2D RoPE {_guided('sit-rope')} and ViT5G {_guided('vit5-nols')}: SiT + "
+        f"RoPE ahead on {g_ahead} of {g_paired} paired seeds, paired 95% t-interval [{g_lo:+.1f}, {g_hi:+.1f}], not "
+        f"resolved; at cfg 6, the study's guided cell, ViT5G {_fid('vit5-nols', 6.0)} and SiT + RoPE "
         f"{_fid('sit-rope', 6.0)} are level in FID, and ViT5G has the better sFID and precision.",
         f"- Vanilla `SiT-*` trails both ways ({_fid('sit', 1.0)} / {_fid('sit', 6.0)}); the paper's `ViT5-*` "
         "(LayerScale 1e-4) trails ViT5G for generation. Under MeanFlow (one step) SiT + RoPE and ViT5G are level.",

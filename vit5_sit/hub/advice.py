@@ -30,14 +30,16 @@ GUIDED_PAIRED = (3, 3, (-9.4, 1.1))
 STUDY_FAMILIES = ("SiT", "SiTRoPE", "ViT5G", "ViT5")  # presets the study (or the component study before it) ranks
 
 
-def _fid(arm: str, cfg_scale: float) -> str:
-    mean, sd, n = GENERATION_STUDY[(arm, cfg_scale)]
+def _over_seeds(mean: float, sd: float, n: int) -> str:
     return f"{mean:.1f} ± {sd:.1f} over {n} seeds"
+
+
+def _fid(arm: str, cfg_scale: float) -> str:
+    return _over_seeds(*GENERATION_STUDY[(arm, cfg_scale)])
 
 
 def _guided(arm: str) -> str:
-    mean, sd, n = GUIDED_STUDY[arm]
-    return f"{mean:.1f} ± {sd:.1f} over {n} seeds"
+    return _over_seeds(*GUIDED_STUDY[arm])
 
 
 def backbone_advice(cfg: ExperimentConfig) -> list[str]:

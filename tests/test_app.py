@@ -263,7 +263,7 @@ def test_one_step_button_draws_and_every_grid_has_one_progress_bar(model_dir, tm
             assert d["show_progress"] == "hidden", d["api_name"]
     # what the button does, in order: the form, then the grid of that form
     name, classes, guidance, low, high, sampler, method, steps, about = _page_fn(page, "fill_one_step")()
-    assert (name, sampler, steps, guidance, low, high) == (demo_app.DEMO_1STEP, "meanflow", 1, 2.5, 0.0, 1.0)  # iMF
+    assert (name, sampler, steps, guidance, low, high) == (demo_app.DEMO_1STEP, "meanflow", 1, 3.0, 0.0, 1.0)  # iMF
     grid, download, info = _page_fn(page, "generate_on_page")(
         name, classes, 1, guidance, low, high, sampler, method, steps, 0, progress=lambda *a, **k: None)
     assert Path(grid).is_file() and "10 classes x 1 images, meanflow/euler 1 steps" in info

@@ -187,7 +187,7 @@ def test_bundled_one_step_demo_card_says_what_it_is():
     assert "This is an **improved MeanFlow** (iMF) model" in body and "samples in **1 step** by default" in body
     assert "**Guidance is an input of the network**" in body and "trained on scales from 1 to 8" in body
     assert "| started from | the flow model `demo`, converted and fine-tuned (`train.init_from`) |" in body
-    assert "FID 80.05 in 1 step (digit accuracy 0.996)" in body and "FID 44.65 in 2 steps" in body
+    assert "FID 77.35 in 1 step (digit accuracy 0.995)" in body and "FID 47.33 in 2 steps" in body
     assert "`benchmarks/bench_guidance.py` |" in body  # who measured the rows
 
 

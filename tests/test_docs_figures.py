@@ -79,16 +79,14 @@ def test_readme_guided_verdict_at_the_default_guidance_is_the_guidance_records()
     """SiT + RoPE against ViT5G at the default guidance (issue #52's records, paired by training seed)."""
     import statistics
 
+    from guidance_records import default_guidance_fids
+
     from vit5_sit.study.intervals import t_interval
 
-    fid = {}
-    for record in (STUDY / "guidance").glob("*-s*.json"):
-        arm, seed = record.stem.rsplit("-s", 1)
-        fid[(arm, int(seed))] = next(r["fid"] for r in json.loads(record.read_text())["rows"]
-                                     if r["cell"] == "auto:s800@3@0-0.5" and r["seed"] == 0)
-    rope, nols = ([f for (a, _), f in sorted(fid.items()) if a == arm] for arm in ("sit-rope", "vit5-nols"))
-    seeds = sorted({s for a, s in fid if a == "sit-rope"} & {s for a, s in fid if a == "vit5-nols"})
-    diffs = [fid[("sit-rope", s)] - fid[("vit5-nols", s)] for s in seeds]
+    fid = default_guidance_fids()
+    rope, nols = list(fid["sit-rope"].values()), list(fid["vit5-nols"].values())
+    seeds = sorted(set(fid["sit-rope"]) & set(fid["vit5-nols"]))
+    diffs = [fid["sit-rope"][s] - fid["vit5-nols"][s] for s in seeds]
     lo, hi = t_interval(diffs)
     assert len(rope) == len(nols) == len(seeds)
     _said("README.md", f"SiT + RoPE {statistics.mean(rope):.1f} ± {statistics.stdev(rope):.1f} against ViT5G's "

@@ -325,6 +325,8 @@ def test_export_draws_the_grid_sample_py_draws_and_the_card_shows_it(tmp_path, c
 
 def test_card_recommendation_is_the_generation_studys_report():
     """The numbers and verdicts every card states (vit5_sit.hub.advice) are the study's committed report."""
+    from guidance_records import default_guidance_fids
+
     from vit5_sit.hub.advice import GENERATION_STUDY, GUIDED_PAIRED, GUIDED_STUDY, UNGUIDED_PAIRED, VERDICT
     from vit5_sit.study.intervals import t_interval
 
@@ -341,16 +343,12 @@ def test_card_recommendation_is_the_generation_studys_report():
            if r["step"] == last and r["cfg_scale"] == 1.0 and r.get("sample_seed", 0) == 0}
     ahead = sum(fid[(VERDICT[1.0], s)] < fid[("vit5-nols", s)] for s in pair["shared"])
     assert UNGUIDED_PAIRED == (ahead, len(pair["shared"]), tuple(round(x, 1) for x in pair["paired_t"]))
-    guided = {}  # the default guidance's records (issue #52): FID by (arm, training seed)
-    for record in (Path(__file__).parents[1] / "docs/study/guidance").glob("*-s*.json"):
-        arm, seed = record.stem.rsplit("-s", 1)
-        guided[(arm, int(seed))] = next(r["fid"] for r in json.loads(record.read_text())["rows"]
-                                        if r["cell"] == "auto:s800@3@0-0.5" and r["seed"] == 0)
+    guided = default_guidance_fids()  # the default guidance's records (issue #52): arm -> {seed: FID}
     for arm, (mean, sd, n) in GUIDED_STUDY.items():
-        fids = [f for (a, _), f in guided.items() if a == arm]
+        fids = list(guided[arm].values())
         assert (round(float(np.mean(fids)), 1), round(float(np.std(fids, ddof=1)), 1), len(fids)) == (mean, sd, n)
-    shared = sorted({s for a, s in guided if a == "sit-rope"} & {s for a, s in guided if a == "vit5-nols"})
-    diffs = [guided[("sit-rope", s)] - guided[("vit5-nols", s)] for s in shared]
+    shared = sorted(set(guided["sit-rope"]) & set(guided["vit5-nols"]))
+    diffs = [guided["sit-rope"][s] - guided["vit5-nols"][s] for s in shared]
     assert GUIDED_PAIRED == (sum(d < 0 for d in diffs), len(shared), tuple(round(x, 1) for x in t_interval(diffs)))
     card = hub.model_card(load_config("configs/mnist/vit5g.yaml"), 1000)
     assert "SiT + 2D RoPE 33.9 ± 1.1 over 3 seeds and ViT5G 38.1 ± 1.0 over 3 seeds" in card

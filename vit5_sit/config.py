@@ -706,6 +706,10 @@ def _check_meanflow(cfg: ExperimentConfig, mcfg: ModelConfig) -> None:
     if mcfg.mean_flow != meanflow:
         raise ConfigError(f"model.mean_flow={mcfg.mean_flow} with train.objective={cfg.train.objective}: the interval "
                           "input follows from the objective; drop model.mean_flow and set train.objective")
+    if mcfg.x_prediction and not meanflow:
+        raise ConfigError(f"model.x_prediction=true with train.objective={cfg.train.objective}: x-prediction is an "
+                          "output of MeanFlow models here (their average velocity from the predicted data point); "
+                          "set train.objective=meanflow or drop model.x_prediction")
     imf = meanflow and cfg.meanflow.imf
     if mcfg.guidance_input != imf:
         raise ConfigError(f"model.guidance_input={mcfg.guidance_input} with meanflow.variant={cfg.meanflow.variant}: "

@@ -84,8 +84,8 @@ def disagreement(first: dict, second: dict, first_name: str, second_name: str) -
 
 
 def recorded_fields(metadata: dict | None, weights: str | Path) -> dict | None:
-    """The `ModelConfig` fields the weights' metadata records (`weights_metadata`); None for weights written
-    before the record existed."""
+    """The `ModelConfig` fields the weights' metadata records (`weights_metadata`), the defaults of fields added
+    since; None for weights written before the record existed."""
     text = (metadata or {}).get(MODEL_CONFIG_KEY)
     if text is None:
         return None
@@ -96,7 +96,9 @@ def recorded_fields(metadata: dict | None, weights: str | Path) -> dict | None:
     if not isinstance(fields, dict):
         raise ModelLoadError(f"{weights}: the record of the model config in its metadata ({MODEL_CONFIG_KEY}) is "
                              f"damaged; {REEXPORT}")
-    return fields
+    # A field `ModelConfig` gained after the weights were written is absent from their record: it held the
+    # default then (as a config.json without it does, `effective_fields`). Fields the class does not know stay.
+    return {**{k: v for k, v in effective_fields({}).items() if k not in fields}, **fields}
 
 
 def read_header(weights: str | Path) -> tuple[dict, dict[str, tuple[int, ...]]]:

@@ -360,6 +360,9 @@ def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
         rows.append(("started from", f"the flow model `{public_text(cfg.train.init_from)}`, converted and fine-tuned "
                                      "(`train.init_from`)"))
+    if cfg.model_config().x_prediction:
+        rows.append(("output", "x-prediction (pMF): the network gives the data point its average velocity reaches, "
+                               "so a one-step sample is the network's output itself (`model.x_prediction`)"))
     if mf.imf:
         low, high = mf.guidance_range
         return rows + [
@@ -392,6 +395,10 @@ def meanflow_section(cfg: ExperimentConfig, metrics: Sequence[dict]) -> list[str
             "between two times, so a single network evaluation carries noise to an image. It samples in "
             f"**{steps} step{'s' if steps != 1 else ''}** by default (`sampler.steps`; `num_inference_steps=2` or "
             "`--steps 2` takes two, one network evaluation each).")
+    if cfg.model_config().x_prediction:
+        text += (" Its network outputs the **data point** the average velocity reaches at the end of the path "
+                 "(x-prediction, as pixel MeanFlow does; the velocity is (x - z) / (1 - t)), so a one-step sample is "
+                 "the network's output itself rather than the noise minus a predicted velocity.")
     if mf.imf:
         low, high = mf.guidance_range
         text += (f" **Guidance is an input of the network**, chosen when sampling: the scale (`guidance_scale`, "

@@ -43,6 +43,8 @@ class ModelConfig:
                                             # (`interval_embedder`), summed into the adaLN conditioning
     guidance_input: bool = False            # iMF (MeanFlow models): the guidance scale and its interval are inputs
                                             # (`guidance_embedder`, starts neutral), summed into the conditioning
+    x_prediction: bool = False              # MeanFlow models: the network outputs the data point its average
+                                            # velocity reaches at t = 1 (pMF's x-prediction), U = (x - x_t) / (1 - t)
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
@@ -52,11 +54,15 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
-        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input"):
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input",
+                     "x_prediction"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
         if self.guidance_input and not self.mean_flow:
             raise ValueError("guidance_input=True is iMF's, a MeanFlow model's input: it needs mean_flow=True")
+        if self.x_prediction and not self.mean_flow:
+            raise ValueError("x_prediction=True is an output of MeanFlow models (their average velocity from the "
+                             "predicted data point): it needs mean_flow=True (train.objective=meanflow)")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)
         _check_float("rope_base", self.rope_base, positive=True)
         _check_float("class_dropout_prob", self.class_dropout_prob)

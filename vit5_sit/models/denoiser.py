@@ -54,6 +54,10 @@ from vit5_sit.models.layers import (
 from vit5_sit.models.positions import Rope, grid_positions, rope_angles_2d, rope_tables, sincos_pos_embed_2d
 
 INIT_STD = 0.02                 # N(0, 0.02) for the label table, timestep MLP and register tokens
+# x-prediction (`ModelConfig.x_prediction`): U = (x_hat - x_t) / max(1 - t, X_PRED_MIN_GAP). The floor keeps the
+# division finite at the data end t -> 1 (JiT's 0.05); every sampler step that ends at t = 1 starts at t <= 0.95
+# for up to 20 steps, where the one-step sample is x_hat itself.
+X_PRED_MIN_GAP = 0.05
 
 
 class Denoiser(nn.Module):
@@ -234,6 +238,7 @@ class Denoiser(nn.Module):
         """
         B, C, H, W = x.shape
         p = self.patch_size
+        x_in = x
         if C != self.in_channels or H % p or W % p:
             raise ValueError(f"input of shape {tuple(x.shape)}: expected {self.in_channels} channels and a "
                              f"height and width divisible by patch_size={p}")
@@ -285,6 +290,8 @@ class Denoiser(nn.Module):
         x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
         if self.learn_sigma:
             x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
+        if self.cfg.x_prediction:  # the output is the data point x_hat; the model's answer stays a velocity
+            x = (x - x_in) / (1 - t).clamp_min(X_PRED_MIN_GAP).to(x.dtype).view(B, 1, 1, 1)
         return (x, hidden) if return_hidden else x
 
 

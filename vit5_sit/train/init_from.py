@@ -10,6 +10,11 @@ flow model into it; what only the new objective has starts so that it changes no
 - iMF's ``guidance_embedder``: zero last layers already, as every fresh model's (`Denoiser`'s init, the one place
   that decides it; the bit-for-bit test would catch a change there).
 
+A converted x-prediction model (``model.x_prediction=true``, pMF's output: the network gives the data point and the
+average velocity follows from it) cannot start as the flow model: the flow model's last linear layer gives a
+velocity, which that output cannot express (it would need x_t, which the last layer does not see). That layer starts
+at zero (every fresh model's) and is learned again; the trunk, every block and embedder, comes from the flow model.
+
 The fine-tuning then learns the average velocity from a model that already knows the instantaneous one. The EMA
 starts at the converted weights (the flow model's EMA weights, which are the ones worth keeping). The model's
 architecture must be the flow model's: every field of the model config but the objective's inputs (``mean_flow``,
@@ -29,7 +34,9 @@ from vit5_sit.common.checks import ModelLoadError
 from vit5_sit.models.config import ModelConfig
 
 # The inputs the objective adds: what a flow model's config lacks and the converted model's has.
-OBJECTIVE_INPUTS = ("mean_flow", "guidance_input")
+OBJECTIVE_INPUTS = ("mean_flow", "guidance_input", "x_prediction")
+# The last linear layer, which an x-prediction model learns again (its output is a data point, not a velocity).
+X_PRED_HEAD = ("final_layer.linear.weight", "final_layer.linear.bias")
 OFFICIAL_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
 
@@ -101,6 +108,7 @@ def convert(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
     new = sorted(k for k in own if k not in state)
     extra = sorted(k for k in state if k not in own)
     foreign = [k for k in new if not k.startswith(("interval_embedder.", "guidance_embedder."))]
+    relearned = X_PRED_HEAD if getattr(getattr(model, "cfg", None), "x_prediction", False) else ()
     if extra or foreign:
         raise InitFromError(f"train.init_from: the flow weights do not fit this model (missing {foreign[:3]}, "
                             f"unexpected {extra[:3]}); give a flow model of this run's architecture")
@@ -110,10 +118,12 @@ def convert(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
         raise InitFromError(f"train.init_from: the flow weights' shapes differ from this model's ({shapes[0]})")
     with torch.no_grad():
         for k, v in own.items():
-            if k in state:
+            if k in state and k not in relearned:
                 v.copy_(state[k].to(v.dtype))
         interval = getattr(model, "interval_embedder", None)
         if interval is not None:  # its term in the conditioning is 0: the converted model is the flow model
             nn.init.zeros_(interval.mlp[2].weight)
             nn.init.zeros_(interval.mlp[2].bias)
-    return new
+        for k in relearned:  # x-prediction: the velocity head is not copied, it starts at zero (learned again)
+            nn.init.zeros_(own[k])
+    return sorted([*new, *relearned])

@@ -286,7 +286,8 @@ def _init_from(launch: Launch, model, mcfg) -> None:
     except InitFromError as e:
         raise TrainingError(str(e)) from None
     added = sorted({k.split(".")[0] for k in new})
-    launch.log(f"init_from: {what}" + (f"; new, starting neutral: {', '.join(added)}" if added else ""))
+    launch.log(f"init_from: {what}" + (f"; new or learned again, starting at zero: {', '.join(added)}"
+                                       if added else ""))
 
 
 def _load_vae(launch: Launch):

@@ -108,3 +108,15 @@ def test_a_record_written_before_a_field_existed_holds_its_default():
     fields["unknown_field"] = 1  # a field the class does not know still counts (a disagreement)
     meta["vit5_sit_model_config"] = json.dumps(fields)
     assert recorded_fields(meta, "w.safetensors")["unknown_field"] == 1
+
+
+def test_the_card_says_the_network_outputs_the_data_point():
+    from vit5_sit.hub.api import meanflow_rows, meanflow_section
+
+    cfg = load_config("configs/mnist/convert-demo-imf-x.yaml")
+    rows = dict(meanflow_rows(cfg))
+    assert rows["output"].startswith("x-prediction (pMF)")
+    assert "outputs the **data point**" in " ".join(meanflow_section(cfg, []))
+    plain = load_config("configs/mnist/convert-demo-imf.yaml")
+    assert "output" not in dict(meanflow_rows(plain))
+    assert "data point" not in " ".join(meanflow_section(plain, []))

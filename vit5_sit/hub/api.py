@@ -397,7 +397,8 @@ def meanflow_section(cfg: ExperimentConfig, metrics: Sequence[dict]) -> list[str
             "`--steps 2` takes two, one network evaluation each).")
     if cfg.model_config().x_prediction:
         text += (" Its network outputs the **data point** the average velocity reaches at the end of the path "
-                 "(x-prediction, as pixel MeanFlow does; the velocity is (x - z) / (1 - t)), so a one-step sample is "
+                 "(x-prediction, as pixel MeanFlow does: Lu et al., 2026, arXiv 2601.22158; the velocity is "
+                 "(x - z) / (1 - t)), so a one-step sample is "
                  "the network's output itself rather than the noise minus a predicted velocity.")
     if mf.imf:
         low, high = mf.guidance_range

@@ -187,7 +187,11 @@ def test_bundled_one_step_demo_card_says_what_it_is():
     assert "This is an **improved MeanFlow** (iMF) model" in body and "samples in **1 step** by default" in body
     assert "**Guidance is an input of the network**" in body and "trained on scales from 1 to 8" in body
     assert "| started from | the flow model `demo`, converted and fine-tuned (`train.init_from`) |" in body
-    assert "FID 77.35 in 1 step (digit accuracy 0.995)" in body and "FID 47.33 in 2 steps" in body
+    rows = {r["settings"]: r for r in json.loads((BUNDLED_MODELS["demo-1step"] / "metrics.json").read_text())}
+    one, two = rows["n1000_seed0_meanflow_euler_1steps_cfg3"], rows["n1000_seed0_meanflow_euler_2steps_cfg3"]
+    assert f"FID {one['fid']:.2f} in 1 step (digit accuracy {one['digit_accuracy']:.3f})" in body
+    assert f"FID {two['fid']:.2f} in 2 steps" in body
+    assert "| output | x-prediction (pMF)" in body  # the network gives the data point
     assert "`benchmarks/bench_guidance.py` |" in body  # who measured the rows
 
 

@@ -36,3 +36,23 @@ def test_share_counts_background_pixels_at_or_above_the_level():
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="uint8"):
         speckle_share(np.zeros((1, 8, 8), np.float32))
+
+
+def test_speckle_sources_splits_the_share_by_the_starting_noise():
+    """benchmarks/speckle_sources.py on the bundled one-step demo: shares in [0, 1], the table names the output; a
+    flow model is refused."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location(
+        "speckle_sources", Path(__file__).parents[1] / "benchmarks" / "speckle_sources.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    row = tool.sources("demo-1step", 20, 3.0)
+    assert row["x_prediction"] is True
+    assert all(0 <= row[k] <= 1 for k in ("speckle", "speckle_small", "speckle_z2", "speckle_z2.5"))
+    assert "| demo-1step | data point |" in tool.table([row], 20, 3.0)
+    with pytest.raises(SystemExit, match="a flow model"):
+        tool.sources("demo", 4, 1.0)

@@ -2588,6 +2588,12 @@ def rope_tables(angles: torch.Tensor, device: torch.device | str) -> Rope:
     return Rope(cos, sin, None if torch.compiler.is_compiling() else torch.complex(cos, sin))
 
 
+# ---- from vit5_sit.models.denoiser ----------------------------------------------------------------------------
+
+
+X_PRED_MIN_GAP = 0.05
+
+
 # ---- from vit5_sit.models.layers ------------------------------------------------------------------------------
 
 
@@ -2788,6 +2794,7 @@ class Denoiser(nn.Module):
         """
         B, C, H, W = x.shape
         p = self.patch_size
+        x_in = x
         if C != self.in_channels or H % p or W % p:
             raise ValueError(f"input of shape {tuple(x.shape)}: expected {self.in_channels} channels and a "
                              f"height and width divisible by patch_size={p}")
@@ -2839,6 +2846,8 @@ class Denoiser(nn.Module):
         x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
         if self.learn_sigma:
             x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped
+        if self.cfg.x_prediction:  # the output is the data point x_hat; the model's answer stays a velocity
+            x = (x - x_in) / (1 - t).clamp_min(X_PRED_MIN_GAP).to(x.dtype).view(B, 1, 1, 1)
         return (x, hidden) if return_hidden else x
 
 
@@ -2907,6 +2916,8 @@ class ModelConfig:
                                             # (`interval_embedder`), summed into the adaLN conditioning
     guidance_input: bool = False            # iMF (MeanFlow models): the guidance scale and its interval are inputs
                                             # (`guidance_embedder`, starts neutral), summed into the conditioning
+    x_prediction: bool = False              # MeanFlow models: the network outputs the data point its average
+                                            # velocity reaches at t = 1 (pMF's x-prediction), U = (x - x_t) / (1 - t)
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
@@ -2916,11 +2927,15 @@ class ModelConfig:
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
-        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input"):
+        for name in ("qk_norm", "qkv_bias", "rope", "learn_sigma", "mean_flow", "guidance_input",
+                     "x_prediction"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
         if self.guidance_input and not self.mean_flow:
             raise ValueError("guidance_input=True is iMF's, a MeanFlow model's input: it needs mean_flow=True")
+        if self.x_prediction and not self.mean_flow:
+            raise ValueError("x_prediction=True is an output of MeanFlow models (their average velocity from the "
+                             "predicted data point): it needs mean_flow=True (train.objective=meanflow)")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)
         _check_float("rope_base", self.rope_base, positive=True)
         _check_float("class_dropout_prob", self.class_dropout_prob)
@@ -3048,8 +3063,8 @@ REEXPORT = ("the files of one model folder must agree (a file edited by hand, or
 
 
 def recorded_fields(metadata: dict | None, weights: str | Path) -> dict | None:
-    """The `ModelConfig` fields the weights' metadata records (`weights_metadata`); None for weights written
-    before the record existed."""
+    """The `ModelConfig` fields the weights' metadata records (`weights_metadata`), the defaults of fields added
+    since; None for weights written before the record existed."""
     text = (metadata or {}).get(MODEL_CONFIG_KEY)
     if text is None:
         return None
@@ -3060,7 +3075,9 @@ def recorded_fields(metadata: dict | None, weights: str | Path) -> dict | None:
     if not isinstance(fields, dict):
         raise ModelLoadError(f"{weights}: the record of the model config in its metadata ({MODEL_CONFIG_KEY}) is "
                              f"damaged; {REEXPORT}")
-    return fields
+    # A field `ModelConfig` gained after the weights were written is absent from their record: it held the
+    # default then (as a config.json without it does, `effective_fields`). Fields the class does not know stay.
+    return {**{k: v for k, v in effective_fields({}).items() if k not in fields}, **fields}
 
 
 def disagreement(first: dict, second: dict, first_name: str, second_name: str) -> str | None:
@@ -3193,6 +3210,6 @@ class Vit5SitTransformer2DModel(ModelMixin, ConfigMixin, Denoiser):
 
 
 # ---- the components' modules, for diffusers' from_pretrained(..., scheduler=...) -----------------------------
-COMPONENT_MODULES = ['transformer_vit5_sit_e67a9b7337', 'scheduling_vit5_sit_33a2e37e66']
+COMPONENT_MODULES = ['transformer_vit5_sit_6a0271ae16', 'scheduling_vit5_sit_33a2e37e66']
 for _name in COMPONENT_MODULES:
     __import__("sys").modules.setdefault(_name, __import__("sys").modules[__name__])

@@ -55,8 +55,8 @@ from vit5_sit.models.positions import Rope, grid_positions, rope_angles_2d, rope
 
 INIT_STD = 0.02                 # N(0, 0.02) for the label table, timestep MLP and register tokens
 # x-prediction (`ModelConfig.x_prediction`): U = (x_hat - x_t) / max(1 - t, X_PRED_MIN_GAP). The floor keeps the
-# division finite at the data end t -> 1 (JiT's 0.05); every sampler step that ends at t = 1 starts at t <= 0.95
-# for up to 20 steps, where the one-step sample is x_hat itself.
+# division finite at the data end t -> 1; a sampler's last step (ending at t = 1) starts at t <= 0.95 for up to
+# 20 steps, where the floor never acts and the sample is x_hat itself.
 X_PRED_MIN_GAP = 0.05
 
 
@@ -235,6 +235,8 @@ class Denoiser(nn.Module):
         guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
         prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
         guidance (1, 0, 1).
+        With ``cfg.x_prediction`` the network's output is the data point x_hat and the returned velocity is
+        (x_hat - x) / max(1 - t, X_PRED_MIN_GAP).
         """
         B, C, H, W = x.shape
         p = self.patch_size

@@ -621,6 +621,8 @@ class Denoiser(nn.Module):
         guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
         prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
         guidance (1, 0, 1).
+        With ``cfg.x_prediction`` the network's output is the data point x_hat and the returned velocity is
+        (x_hat - x) / max(1 - t, X_PRED_MIN_GAP).
         """
         B, C, H, W = x.shape
         p = self.patch_size

@@ -2791,6 +2791,8 @@ class Denoiser(nn.Module):
         guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
         prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
         guidance (1, 0, 1).
+        With ``cfg.x_prediction`` the network's output is the data point x_hat and the returned velocity is
+        (x_hat - x) / max(1 - t, X_PRED_MIN_GAP).
         """
         B, C, H, W = x.shape
         p = self.patch_size
@@ -3210,6 +3212,6 @@ class Vit5SitTransformer2DModel(ModelMixin, ConfigMixin, Denoiser):
 
 
 # ---- the components' modules, for diffusers' from_pretrained(..., scheduler=...) -----------------------------
-COMPONENT_MODULES = ['transformer_vit5_sit_6a0271ae16', 'scheduling_vit5_sit_33a2e37e66']
+COMPONENT_MODULES = ['transformer_vit5_sit_f8c6fc46a5', 'scheduling_vit5_sit_33a2e37e66']
 for _name in COMPONENT_MODULES:
     __import__("sys").modules.setdefault(_name, __import__("sys").modules[__name__])

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vit5_sit.eval.speckle import LEVEL, background_mask  # noqa: E402
 from vit5_sit.hub.model_files import load_for_sampling  # noqa: E402
-from vit5_sit.transport.meanflow import with_guidance  # noqa: E402
+from vit5_sit.sampling.generate import to_uint8  # noqa: E402
+from vit5_sit.transport.meanflow import meanflow_sample, with_guidance  # noqa: E402
 
 
 def sources(spec: str, num: int, scale: float) -> dict:
@@ -39,8 +40,7 @@ def sources(spec: str, num: int, scale: float) -> dict:
     y = torch.arange(num) % model.num_classes
     fn = with_guidance(model, scale, (0.0, 1.0)) if model.cfg.guidance_input else model
     with torch.no_grad():
-        x = (z + fn(z, torch.zeros(num), y, interval=torch.ones(num))).clamp(-1, 1)
-    images = ((x[:, 0] + 1) * 127.5).round().to(torch.uint8).numpy()  # sample.py's conversion to 8 bits
+        images = to_uint8(meanflow_sample(fn, z, y, 1))[..., 0]  # sample.py's one step and conversion to 8 bits
     background = background_mask(images)
     pixels, noise = images[background], z[:, 0].numpy()[background]
     row = {"model": spec, "x_prediction": bool(model.cfg.x_prediction), "speckle": float((pixels >= LEVEL).mean()),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -41,11 +44,6 @@ def test_bad_input_is_named():
 def test_speckle_sources_splits_the_share_by_the_starting_noise():
     """benchmarks/speckle_sources.py on the bundled one-step demo: shares in [0, 1], the table names the output; a
     flow model is refused."""
-    import importlib.util
-    from pathlib import Path
-
-    import pytest
-
     spec = importlib.util.spec_from_file_location(
         "speckle_sources", Path(__file__).parents[1] / "benchmarks" / "speckle_sources.py")
     tool = importlib.util.module_from_spec(spec)

@@ -44,7 +44,18 @@ class InitFromError(ValueError):
     """``train.init_from`` names nothing a run can start from; the message says why and what to give."""
 
 
-def flow_state(spec: str, mcfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str]:
+def load_teacher(spec: str, mcfg: ModelConfig) -> tuple[nn.Module, str]:
+    """``meanflow.teacher``: the flow model ``spec`` names (as `flow_state` reads it: the run's architecture without
+    the objective's inputs), frozen and in eval mode, and a line saying what it is."""
+    from vit5_sit.models import create_model
+
+    state, what = flow_state(spec, mcfg, key="meanflow.teacher")
+    teacher = create_model(dataclasses.replace(mcfg, **{k: False for k in OBJECTIVE_INPUTS}))
+    teacher.load_state_dict(state)
+    return teacher.eval().requires_grad_(False), what
+
+
+def flow_state(spec: str, mcfg: ModelConfig, key: str = "train.init_from") -> tuple[dict[str, torch.Tensor], str]:
     """The (EMA) weights of the flow model ``spec`` names, checked against the run's model ``mcfg``, and a line
     saying what they are. ``spec``: a run folder (its newest valid checkpoint), a checkpoint folder, a model folder
     (or a bundled model's name, e.g. ``demo``), or an official SiT ``.pt`` file (read as ``mcfg`` without the
@@ -57,33 +68,37 @@ def flow_state(spec: str, mcfg: ModelConfig) -> tuple[dict[str, torch.Tensor], s
     try:
         path = local_model_path(spec)  # a Hub repo id: its cached (or downloaded) snapshot
     except ModelLoadError as e:
-        raise InitFromError(f"train.init_from={spec}: {e}") from None
+        raise InitFromError(f"{key}={spec}: {e}") from None
     if not path.exists():
-        raise InitFromError(f"train.init_from={spec}: no such file or folder; give a flow run folder, a checkpoint "
+        raise InitFromError(f"{key}={spec}: no such file or folder; give a flow run folder, a checkpoint "
                             "folder, a model folder (e.g. demo) or an official SiT .pt file")
     if path.is_file():
         if path.suffix not in OFFICIAL_SUFFIXES:
-            raise InitFromError(f"train.init_from={spec}: a file must be an official SiT checkpoint "
+            raise InitFromError(f"{key}={spec}: a file must be an official SiT checkpoint "
                                 f"({', '.join(OFFICIAL_SUFFIXES)}); our runs and model folders are given as folders")
         model = create_model(flow_cfg)
         try:
             load_official_state_dict(model, path)
         except (StateDictMismatch, ValueError, FileNotFoundError) as e:
-            raise InitFromError(f"train.init_from={spec}: {e}") from None
+            raise InitFromError(f"{key}={spec}: {e}") from None
         return model.state_dict(), f"the official SiT file {path.name}"
     try:
         model, source_cfg = load_for_sampling(path)
     except ModelLoadError as e:
-        raise InitFromError(f"train.init_from={spec}: {e}") from None
+        raise InitFromError(f"{key}={spec}: {e}") from None
     source = model.cfg
+    tr = getattr(source_cfg, "transport", None)
+    if tr is not None and (tr.path, tr.prediction) != ("linear", "velocity"):
+        raise InitFromError(f"{key}={spec}: a flow model with transport.path={tr.path}, prediction={tr.prediction}; "
+                            "MeanFlow builds on the linear path's velocity: give a linear-path velocity model")
     if any(getattr(source, k) for k in OBJECTIVE_INPUTS):
-        raise InitFromError(f"train.init_from={spec}: a MeanFlow model already (model.mean_flow=True); "
-                            "init_from converts flow models: continue a MeanFlow run with --resume")
+        raise InitFromError(f"{key}={spec}: a MeanFlow model already (model.mean_flow=True); "
+                            f"{key} takes flow models (a MeanFlow run continues with --resume)")
     differing = [f"{f.name}={getattr(source, f.name)!r} there, {getattr(flow_cfg, f.name)!r} here"
                  for f in dataclasses.fields(ModelConfig)
                  if f.name not in OBJECTIVE_INPUTS and getattr(source, f.name) != getattr(flow_cfg, f.name)]
     if differing:
-        raise InitFromError(f"train.init_from={spec}: its model is not this run's: {'; '.join(differing)}; give "
+        raise InitFromError(f"{key}={spec}: its model is not this run's: {'; '.join(differing)}; give "
                             "this run the flow model's model section (its preset and overrides)")
     step = _step_of(path)
     return model.state_dict(), f"the flow model {path}" + (f" at step {step:,}" if step is not None else "")

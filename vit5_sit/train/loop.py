@@ -267,7 +267,7 @@ def _build(launch: Launch, start: Path | None) -> State:
     transport = Transport(cfg.transport)
     if tc.objective == "meanflow":
         objective = MeanFlowObjective(transport, mcfg.null_label, mcfg.class_dropout_prob, cfg.meanflow, alignment,
-                                      cfg.repa.weight)
+                                      cfg.repa.weight, teacher=_teacher(launch, mcfg))
     else:
         objective = Objective(transport, mcfg.null_label, mcfg.class_dropout_prob, alignment, cfg.repa.weight)
     state = State(net, optimizer, ema, objective, transport, vae)
@@ -288,6 +288,22 @@ def _init_from(launch: Launch, model, mcfg) -> None:
     added = sorted({k.split(".")[0] for k in new})
     launch.log(f"init_from: {what}" + (f"; new or learned again, starting at zero: {', '.join(added)}"
                                        if added else ""))
+
+
+def _teacher(launch: Launch, mcfg):
+    """``meanflow.teacher``: the frozen flow model whose guided velocity the one-step model distils (read at every
+    start, resumes too: it is not in the checkpoints), in eval mode on the run's device; None without one."""
+    from vit5_sit.train.init_from import InitFromError, load_teacher
+
+    spec = launch.cfg.meanflow.teacher
+    if spec is None:
+        return None
+    try:
+        teacher, what = load_teacher(spec, mcfg)
+    except InitFromError as e:
+        raise TrainingError(str(e)) from None
+    launch.log(f"meanflow.teacher: {what}, frozen")
+    return teacher.to(launch.accelerator.device)
 
 
 def _load_vae(launch: Launch):

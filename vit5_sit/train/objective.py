@@ -124,7 +124,8 @@ class MeanFlowObjective(Objective):
     """MeanFlow (`vit5_sit.transport.meanflow`): the network's average velocity U(x_t, t, d) regressed on the
     stop-gradient target v~ + d dU/dt, with the adaptive weight; guidance trained in when the config says so.
     ``meanflow.variant=imf``: improved MeanFlow, the target v_g + d dU/dt of `imf_target` (the JVP along the
-    network's own velocity) and the guidance inputs drawn per sample and fed to the network.
+    network's own velocity) and the guidance inputs drawn per sample and fed to the network; with a ``teacher``
+    (``meanflow.teacher``), the frozen flow model's guided velocity is the target's velocity and tangent.
 
     Draws, per step and for the whole global batch (like `Objective`): (t, d) (`draw_times`), noise, label
     dropout. The target's JVP and guidance passes run on the bare model without gradient; the prediction with
@@ -136,9 +137,9 @@ class MeanFlowObjective(Objective):
     of it."""
 
     def __init__(self, transport: Transport, null_label: int, label_dropout: float, cfg: MeanFlowConfig,
-                 alignment=None, alignment_weight: float = 0.0) -> None:
+                 alignment=None, alignment_weight: float = 0.0, teacher: nn.Module | None = None) -> None:
         super().__init__(transport, null_label, label_dropout, alignment, alignment_weight)
-        self.cfg = cfg
+        self.cfg, self.teacher = cfg, teacher  # teacher: the frozen flow model of meanflow.teacher, or None
 
     def draw(self, rng: StepRng, sample_shape: tuple[int, ...]):
         """(t, d, noise, drop, guidance) of the micro-batch; guidance (b, 3) for iMF (`draw_guidance`, no guidance
@@ -166,7 +167,7 @@ class MeanFlowObjective(Objective):
             pred, projected = net(x_t, t, y, interval=d)
         else:  # iMF: ||U - sg(v_g + d dU/dt)||^2 = ||V - v_g||^2, V = U - d sg(dU/dt)
             guidance = guidance.to(x1)
-            target = imf_target(_bare_model(net), x_t, t, d, y, v, guidance, self.null_label)
+            target = imf_target(_bare_model(net), x_t, t, d, y, v, guidance, self.null_label, self.teacher)
             pred, projected = net(x_t, t, y, interval=d, guidance=guidance)
         weighted, mse = meanflow_loss(pred, target, self.cfg)
         loss = weighted.mean()

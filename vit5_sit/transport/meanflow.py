@@ -57,6 +57,9 @@ class MeanFlowConfig:
                                            # JVP along the network's velocity, guidance scale and interval inputs)
     guidance_range: list[float] = field(default_factory=lambda: [1.0, 8.0])  # imf: the guidance scales drawn in
                                            # training, log-uniform on [LOW, HIGH] (official code: [1, 1 + 7])
+    teacher: str | None = None             # imf: a frozen flow model (run, checkpoint or model folder, e.g. demo,
+                                           # or an official SiT .pt) whose guided velocity replaces x1 - x0 and the
+                                           # network's own predictions in the target (`teacher_velocity`)
 
     def __post_init__(self) -> None:
         def number(name, lo, hi, lo_open=False, hi_open=False):
@@ -87,6 +90,13 @@ class MeanFlowConfig:
                 or not 1.0 <= gr[0] <= gr[1] <= 100.0):
             raise ValueError(f"meanflow.guidance_range={gr!r}: expected [LOW, HIGH] with 1 <= LOW <= HIGH <= 100 "
                              "(guidance scales; 1 = none)")
+        if self.teacher is not None:
+            if not isinstance(self.teacher, str) or not self.teacher.strip():
+                raise ValueError(f"meanflow.teacher={self.teacher!r}: give the path of a flow run, checkpoint or model "
+                                 "folder (e.g. demo), or an official SiT .pt file; or drop it")
+            if not self.imf:
+                raise ValueError(f"meanflow.teacher={self.teacher!r} needs meanflow.variant=imf (the teacher's guided "
+                                 "velocity is iMF's target); set meanflow.variant=imf or drop meanflow.teacher")
         if self.imf:
             trained_in = [f"meanflow.{k}={getattr(self, k)!r}" for k, default in
                           (("guidance_scale", 1.0), ("guidance_mix", 0.0), ("guidance_interval", [0.0, 1.0]))
@@ -183,21 +193,47 @@ def draw_guidance(d: torch.Tensor, cfg: MeanFlowConfig, generator: torch.Generat
     return torch.stack([w, torch.where(flow, 0.0, low), torch.where(flow, 1.0, high)], dim=1)
 
 
+def teacher_velocity(teacher, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, w: torch.Tensor, null_label: int
+                     ) -> torch.Tensor:
+    """A frozen flow model's guided velocity v_u + w (v_c - v_u) at (x_t, t), without gradient: the conditional
+    velocity v_c where w = 1 (and the unconditional one where ``y`` is the null label), one teacher call on the
+    batch plus its guided rows with the null label. ``w`` (n,): the scale acting at t (1 outside the interval)."""
+    with torch.no_grad():
+        guide = ((w != 1) & (y != null_label)).nonzero(as_tuple=True)[0]
+        xs, ts = torch.cat([x_t, x_t[guide]]), torch.cat([t, t[guide]])
+        ys = torch.cat([y, torch.full_like(y[guide], null_label)])
+        out = teacher(xs, ts, ys).to(x_t.dtype)
+        v_c, v_u = out[: len(y)], out[len(y):]
+        v = v_c.clone()
+        if len(guide):
+            scale = w[guide].to(v.dtype).view(-1, *[1] * (v.ndim - 1))
+            v[guide] = v_u + scale * (v_c[guide] - v_u)
+    return v
+
+
 def imf_target(model, x_t: torch.Tensor, t: torch.Tensor, d: torch.Tensor, y: torch.Tensor, v: torch.Tensor,
-               guidance: torch.Tensor, null_label: int) -> torch.Tensor:
+               guidance: torch.Tensor, null_label: int, teacher=None) -> torch.Tensor:
     """sg(v_g + d dU/dt) for each sample, without gradient: iMF's target for U, i.e. V = U - d sg(dU/dt)
     regressed on v_g. ``y``: the labels after dropout; ``guidance`` (n, 3): (w, low, high), `UNGUIDED` for dropped
     labels. The network's own instantaneous predictions (d = 0, no interval: (w', 0, 1)) give
     - the conditional v_c at w' = w where t is in [low, high], else 1, and the unconditional v_u (w' = 1);
     - the guided field v_g = v + (1 - 1/w') (v_c - v_u) (v where w' = 1: dropped labels, t outside the interval);
     - the JVP's tangent (v_c, 1, -1) in (x, t, d) (MeanFlow's is (v, 1, -1)), over the samples with d > 0.
-    ``model``: the bare `Denoiser` (it has `jvp`)."""
+    ``model``: the bare `Denoiser` (it has `jvp`).
+
+    With a ``teacher`` (a frozen flow model, ``meanflow.teacher``): distillation of its guided ODE, the teacher's
+    guided velocity (`teacher_velocity`) is both v_g and the tangent, in place of x1 - x0 (``v`` is not used) and of
+    the network's own predictions; the target's only randomness left is the point (x_t, t)."""
     with torch.no_grad():
         w, low, high = guidance.unbind(1)
         w_now = torch.where((t >= low) & (t <= high), w, torch.ones_like(w)).to(t)
         zero = torch.zeros_like(t)
         need = ((d > 0) | (w_now != 1)).nonzero(as_tuple=True)[0]
-        target, tangent = v.clone(), v.clone()
+        if teacher is not None:
+            target = teacher_velocity(teacher, x_t, t, y, w_now, null_label).to(v.dtype)
+            tangent, need = target.clone(), need[:0]
+        else:
+            target, tangent = v.clone(), v.clone()
         if len(need):
             xs, ts, wn = x_t[need], t[need], w_now[need]
             v_c = model(xs, ts, y[need], interval=zero[need], guidance=guidance_inputs(len(need), wn, device=xs.device))

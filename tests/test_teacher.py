@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from tinydata import TINY_TRAIN, image_folder
+from torch import nn
 
 from vit5_sit.config import load_config
 from vit5_sit.train.checkpoint import list_checkpoints

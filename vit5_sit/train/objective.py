@@ -25,6 +25,7 @@ from vit5_sit.transport.meanflow import (
     imf_target,
     meanflow_loss,
     meanflow_target,
+    shortcut_target,
 )
 
 
@@ -152,7 +153,16 @@ class MeanFlowObjective(Objective):
         if self.cfg.imf:
             guidance = torch.where(drop[:, None], torch.tensor(UNGUIDED), draw_guidance(d, self.cfg, generator=g))
             guidance = guidance[rng.rows]
+        if self.cfg.shortcut:  # drawn last, so that the draws above are those of a run without it
+            whole = torch.rand(rng.global_batch, generator=g) < self.cfg.shortcut
+            t, d = torch.where(whole, 0.0, t), torch.where(whole, 1.0, d)
         return t[rng.rows], d[rng.rows], noise[rng.rows], drop[rng.rows], guidance
+
+    def _target(self, model: Denoiser, x_t, t, d, y, v, drop, guidance) -> torch.Tensor:
+        if guidance is None:
+            return meanflow_target(model, x_t, t, d, y, v, drop, self.null_label, self.cfg)
+        # iMF: ||U - sg(v_g + d dU/dt)||^2 = ||V - v_g||^2, V = U - d sg(dU/dt)
+        return imf_target(model, x_t, t, d, y, v, guidance, self.null_label, self.teacher)
 
     def __call__(self, net: nn.Module, batch: Batch, rng: StepRng) -> dict[str, torch.Tensor]:
         x1 = batch.x1
@@ -162,13 +172,21 @@ class MeanFlowObjective(Objective):
         y = self.drop_labels(batch.y, drop)
         x0, t, d = noise.to(x1), t.to(x1), d.to(x1)
         x_t, v = self.transport.interpolate(x0, x1, t)  # linear path: x_t = t x1 + (1 - t) x0, v = x1 - x0
-        if guidance is None:
-            target = meanflow_target(_bare_model(net), x_t, t, d, y, v, drop.to(y.device), self.null_label, self.cfg)
-            pred, projected = net(x_t, t, y, interval=d)
-        else:  # iMF: ||U - sg(v_g + d dU/dt)||^2 = ||V - v_g||^2, V = U - d sg(dU/dt)
-            guidance = guidance.to(x1)
-            target = imf_target(_bare_model(net), x_t, t, d, y, v, guidance, self.null_label, self.teacher)
-            pred, projected = net(x_t, t, y, interval=d, guidance=guidance)
+        model = _bare_model(net)
+        guidance = None if guidance is None else guidance.to(x1)
+        drop = drop.to(y.device)
+        whole = (t == 0) & (d == 1) if self.cfg.shortcut else None
+        if whole is None or not bool(whole.any()):
+            target = self._target(model, x_t, t, d, y, v, drop, guidance)
+        else:  # meanflow.shortcut: the whole interval regressed on the network's own two-step sample
+            rest, idx = (~whole).nonzero(as_tuple=True)[0], whole.nonzero(as_tuple=True)[0]
+            target = torch.empty_like(x1)
+            target[rest] = self._target(model, x_t[rest], t[rest], d[rest], y[rest], v[rest], drop[rest],
+                                        None if guidance is None else guidance[rest])
+            target[idx] = shortcut_target(model, x_t[idx], y[idx], None if guidance is None else guidance[idx]
+                                          ).to(target.dtype)
+        kw = {} if guidance is None else {"guidance": guidance}
+        pred, projected = net(x_t, t, y, interval=d, **kw)
         weighted, mse = meanflow_loss(pred, target, self.cfg)
         loss = weighted.mean()
         terms = {"loss": loss, "mse": mse.mean(), "target": target.float().square().mean().sqrt()}

@@ -60,6 +60,9 @@ class MeanFlowConfig:
     teacher: str | None = None             # imf: a frozen flow model (run, checkpoint or model folder, e.g. demo,
                                            # or an official SiT .pt) whose guided velocity replaces x1 - x0 and the
                                            # network's own predictions in the target (`teacher_velocity`)
+    shortcut: float = 0.0                  # share of the batch given the whole interval (t = 0, d = 1: the
+                                           # one-step sample) and regressed on the network's own two-step sample
+                                           # (`shortcut_target`, Shortcut models' self-consistency); 0 = off
 
     def __post_init__(self) -> None:
         def number(name, lo, hi, lo_open=False, hi_open=False):
@@ -76,6 +79,7 @@ class MeanFlowConfig:
         number("adaptive_c", 0.0, 1e6, lo_open=True)
         number("guidance_scale", 0.0, 100.0)
         number("guidance_mix", 0.0, 1.0, hi_open=True)
+        number("shortcut", 0.0, 1.0, hi_open=True)
         iv = self.guidance_interval
         if (not isinstance(iv, list | tuple) or len(iv) != 2
                 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in iv)
@@ -253,6 +257,20 @@ def imf_target(model, x_t: torch.Tensor, t: torch.Tensor, d: torch.Tensor, y: to
                                 guidance=guidance[moving])
             target[moving] = target[moving] + ds.view(-1, *[1] * (v.ndim - 1)) * dudt.to(v.dtype)
     return target
+
+
+def shortcut_target(model, x0: torch.Tensor, y: torch.Tensor, guidance: torch.Tensor | None = None) -> torch.Tensor:
+    """sg(U) for the whole interval from the noise ``x0`` (t = 0, d = 1): the network's own two-step sample
+    x1 = x0 + (u_a + u_b) / 2, with u_a = U(x0, 0, 1/2) and u_b = U(x0 + u_a / 2, 1/2, 1/2), as an average velocity,
+    (u_a + u_b) / 2. The discrete self-consistency of Shortcut models (Frans, Hafner, Levine, Abbeel 2024, arXiv
+    2410.12557) at the one interval a one-step sample uses; MeanFlow's identity is its limit of small halves.
+    ``guidance`` (n, 3): iMF's inputs, the same for both halves; None for MeanFlow."""
+    with torch.no_grad():
+        kw = {} if guidance is None else {"guidance": guidance}
+        half = torch.full((x0.shape[0],), 0.5, dtype=x0.dtype, device=x0.device)
+        u_a = model(x0, torch.zeros_like(half), y, interval=half, **kw)
+        u_b = model(x0 + 0.5 * u_a, half, y, interval=half, **kw)
+    return 0.5 * (u_a + u_b)
 
 
 def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig) -> tuple[torch.Tensor, torch.Tensor]:

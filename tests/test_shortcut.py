@@ -1,0 +1,71 @@
+"""``meanflow.shortcut``: a share of the batch at the whole interval, regressed on the network's own two-step sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_imf import _imf_model
+
+from vit5_sit.train.objective import Batch, MeanFlowObjective, StepRng, Trainee
+from vit5_sit.transport import Transport
+from vit5_sit.transport.meanflow import (
+    MeanFlowConfig,
+    imf_target,
+    meanflow_loss,
+    meanflow_sample,
+    shortcut_target,
+    with_guidance,
+)
+
+
+def test_the_target_is_the_two_step_sample_as_an_average_velocity():
+    model = _imf_model()
+    g = torch.Generator().manual_seed(0)
+    x0, y = torch.randn(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 3])  # 3: the null label
+    guidance = torch.tensor([[2.5, 0.0, 1.0]]).expand(4, 3)
+    with torch.no_grad():
+        two_step = meanflow_sample(with_guidance(model, 2.5), x0, y, steps=2)
+        one_step = meanflow_sample(with_guidance(model, 2.5), x0, y, steps=1)
+    got = shortcut_target(model, x0, y, guidance)
+    torch.testing.assert_close(x0 + got, two_step, rtol=0, atol=1e-6)
+    assert (x0 + got - one_step).abs().max() > 1e-3  # not the one-step sample: the halves disagree with the whole
+
+
+def test_the_draw_adds_whole_intervals_and_leaves_the_others_as_they_were():
+    model = _imf_model()
+    plain = MeanFlowObjective(Transport(), model.null_label, 0.1, MeanFlowConfig(variant="imf", ratio=0.5))
+    cut = MeanFlowObjective(Transport(), model.null_label, 0.1,
+                            MeanFlowConfig(variant="imf", ratio=0.5, shortcut=0.25))
+    rng = StepRng(1, 2, 4096, slice(0, 4096))
+    (t0, d0, n0, drop0, g0), (t1, d1, n1, drop1, g1) = plain.draw(rng, (1, 2, 2)), cut.draw(rng, (1, 2, 2))
+    whole = (t1 == 0) & (d1 == 1)
+    assert abs(whole.float().mean() - 0.25) < 0.03
+    assert torch.equal(t1[~whole], t0[~whole]) and torch.equal(d1[~whole], d0[~whole])
+    assert torch.equal(n1, n0) and torch.equal(drop1, drop0) and torch.equal(g1, g0)
+
+
+def test_the_objective_regresses_whole_intervals_on_the_two_step_sample_and_the_rest_as_before():
+    model = _imf_model()
+    cfg = MeanFlowConfig(variant="imf", ratio=0.5, shortcut=0.5)
+    objective = MeanFlowObjective(Transport(), model.null_label, 0.0, cfg)
+    n = 16
+    g = torch.Generator().manual_seed(3)
+    x1, y = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+    rng = StepRng(5, 7, n, slice(0, n))
+    t, d, noise, _, guidance = objective.draw(rng, (1, 8, 8))
+    whole = (t == 0) & (d == 1)
+    assert whole.any() and (~whole).any()
+    loss = objective(Trainee(model), Batch(x1, y), rng)["loss"]
+    x_t, v = Transport().interpolate(noise, x1, t)
+    target = torch.empty_like(x1)
+    target[~whole] = imf_target(model, x_t[~whole], t[~whole], d[~whole], y[~whole], v[~whole], guidance[~whole],
+                                model.null_label)
+    target[whole] = shortcut_target(model, noise[whole], y[whole], guidance[whole])
+    per_sample, _ = meanflow_loss(model(x_t, t, y, interval=d, guidance=guidance), target, cfg)
+    torch.testing.assert_close(loss, per_sample.mean(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, "half"])
+def test_a_bad_share_is_refused(value):
+    with pytest.raises(ValueError, match=r"meanflow.shortcut="):
+        MeanFlowConfig(variant="imf", shortcut=value)

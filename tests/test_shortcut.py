@@ -61,7 +61,7 @@ def test_the_objective_regresses_whole_intervals_on_the_two_step_sample_and_the_
     target[~whole] = imf_target(model, x_t[~whole], t[~whole], d[~whole], y[~whole], v[~whole], guidance[~whole],
                                 model.null_label)
     target[whole] = shortcut_target(model, noise[whole], y[whole], guidance[whole])
-    per_sample, _ = meanflow_loss(model(x_t, t, y, interval=d, guidance=guidance), target, cfg)
+    per_sample, _ = meanflow_loss(model(x_t, t, y, interval=d, guidance=guidance), target, cfg, flat=whole)
     torch.testing.assert_close(loss, per_sample.mean(), rtol=1e-5, atol=1e-7)
 
 
@@ -69,3 +69,18 @@ def test_the_objective_regresses_whole_intervals_on_the_two_step_sample_and_the_
 def test_a_bad_share_is_refused(value):
     with pytest.raises(ValueError, match=r"meanflow.shortcut="):
         MeanFlowConfig(variant="imf", shortcut=value)
+
+
+def test_a_run_may_be_continued_with_the_shortcut_switched_on():
+    """configs/mnist/convert-demo-imf-xs.yaml continues convert-demo-imf-x.yaml's run (--resume its checkpoint):
+    the shortcut share is a stage's setting; the objective's others still must match."""
+    from pathlib import Path
+
+    from vit5_sit.config import load_config
+    from vit5_sit.train.preflight import config_differences
+
+    configs = Path(__file__).resolve().parents[1] / "configs" / "mnist"
+    base = load_config(configs / "convert-demo-imf-x.yaml")
+    assert config_differences(base, load_config(configs / "convert-demo-imf-xs.yaml")) == []
+    assert config_differences(base, load_config(configs / "convert-demo-imf-xs.yaml", ["meanflow.ratio=0.3"])) == [
+        "meanflow.ratio: 0.5 in config.yaml, 0.3 now"]

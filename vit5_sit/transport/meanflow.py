@@ -273,11 +273,17 @@ def shortcut_target(model, x0: torch.Tensor, y: torch.Tensor, guidance: torch.Te
     return 0.5 * (u_a + u_b)
 
 
-def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig, flat: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss (B,), squared error per element (B,)): ||pred - target||^2 summed over the sample, times
-    the adaptive weight sg(1 / (||.||^2 + c)^p) (p = 0: plain)."""
+    the adaptive weight sg(1 / (||.||^2 + c)^p) (p = 0: plain). ``flat`` (B,) bool: rows weighted by the mean
+    adaptive weight of the others instead of their own, so that their gradient shrinks with their error (the
+    shortcut rows: a target the network makes itself, which its own weight 1 / (||.||^2 + c) would pull into
+    agreement at any cost, a constant output included)."""
     sq = (pred.float() - target.float()).square().flatten(1).sum(1)
     weight = (sq.detach() + cfg.adaptive_c).pow(-cfg.adaptive_p) if cfg.adaptive_p else torch.ones_like(sq)
+    if flat is not None and bool(flat.any()) and bool((~flat).any()):
+        weight = torch.where(flat, weight[~flat].mean(), weight)
     return weight * sq, sq.detach() / pred[0].numel()
 
 

@@ -65,10 +65,34 @@ def test_the_objective_regresses_whole_intervals_on_the_two_step_sample_and_the_
     torch.testing.assert_close(loss, per_sample.mean(), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.0, "half"])
-def test_a_bad_share_is_refused(value):
-    with pytest.raises(ValueError, match=r"meanflow.shortcut="):
-        MeanFlowConfig(variant="imf", shortcut=value)
+def test_the_stage_starts_at_its_step():
+    model = _imf_model()
+    plain = MeanFlowObjective(Transport(), model.null_label, 0.1, MeanFlowConfig(variant="imf", ratio=0.5))
+    stage = MeanFlowObjective(Transport(), model.null_label, 0.1,
+                              MeanFlowConfig(variant="imf", ratio=0.5, shortcut=0.5, shortcut_from=10))
+    for step, whole_rows in ((9, False), (10, True)):
+        rng = StepRng(1, step, 256, slice(0, 256))
+        (t0, *_), (t1, d1, *_) = plain.draw(rng, (1, 2, 2)), stage.draw(rng, (1, 2, 2))
+        assert bool(((t1 == 0) & (d1 == 1)).any()) == whole_rows
+        assert torch.equal(t0, t1) != whole_rows
+
+
+@pytest.mark.parametrize(("key", "value"), [("shortcut", -0.1), ("shortcut", 1.0), ("shortcut", "half"),
+                                            ("shortcut_from", -1), ("shortcut_from", 1.5), ("shortcut_from", True)])
+def test_a_bad_share_or_start_is_refused(key, value):
+    with pytest.raises(ValueError, match=rf"meanflow.{key}="):
+        MeanFlowConfig(variant="imf", **{key: value})
+
+
+def test_the_card_names_the_stage():
+    from pathlib import Path
+
+    from vit5_sit.config import load_config
+    from vit5_sit.hub.api import meanflow_rows
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "mnist" / "convert-demo-imf-xs.yaml")
+    rows = dict(meanflow_rows(cfg))
+    assert rows["shortcut"].startswith("25% of each batch from step 1,644 at the whole interval")
 
 
 def test_a_run_may_be_continued_with_the_shortcut_switched_on():

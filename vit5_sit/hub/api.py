@@ -363,6 +363,11 @@ def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     if cfg.model_config().x_prediction:
         rows.append(("output", "x-prediction (pMF): the network gives the data point its average velocity reaches, "
                                "so a one-step sample is the network's output itself (`model.x_prediction`)"))
+    if mf.shortcut:
+        start = f" from step {mf.shortcut_from:,}" if mf.shortcut_from else ""
+        rows.append(("shortcut", f"{mf.shortcut:.0%} of each batch{start} at the whole interval, regressed on the "
+                                 "network's own two-step sample (`meanflow.shortcut`, Shortcut models' "
+                                 "self-consistency)"))
     if mf.imf:
         low, high = mf.guidance_range
         return rows + [

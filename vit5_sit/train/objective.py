@@ -153,7 +153,7 @@ class MeanFlowObjective(Objective):
         if self.cfg.imf:
             guidance = torch.where(drop[:, None], torch.tensor(UNGUIDED), draw_guidance(d, self.cfg, generator=g))
             guidance = guidance[rng.rows]
-        if self.cfg.shortcut:  # drawn last, so that the draws above are those of a run without it
+        if self.cfg.shortcut and rng.step >= self.cfg.shortcut_from:  # drawn last: the draws above are unchanged
             whole = torch.rand(rng.global_batch, generator=g) < self.cfg.shortcut
             t, d = torch.where(whole, 0.0, t), torch.where(whole, 1.0, d)
         return t[rng.rows], d[rng.rows], noise[rng.rows], drop[rng.rows], guidance

@@ -50,7 +50,7 @@ RESUME_FREE = ("name", "output_dir", "data.path", "data.num_workers", "data.vae"
                "train.ckpt_every", "train.keep_last", "train.guide_at", "train.max_nonfinite",
                "train.init_from",                                                    # read at step 0 only
                "repa.encoder_weights",                                               # where the same encoder is read
-               "meanflow.shortcut",                                                  # a fine-tuning stage (#51)
+               "meanflow.shortcut", "meanflow.shortcut_from",                        # a fine-tuning stage (#51)
                "log", "sampler")                                                     # grids only
 
 

@@ -63,6 +63,8 @@ class MeanFlowConfig:
     shortcut: float = 0.0                  # share of the batch given the whole interval (t = 0, d = 1: the
                                            # one-step sample) and regressed on the network's own two-step sample
                                            # (`shortcut_target`, Shortcut models' self-consistency); 0 = off
+    shortcut_from: int = 0                 # the training step from which the shortcut share applies (a
+                                           # fine-tuning stage; before it the draws are a run's without it)
 
     def __post_init__(self) -> None:
         def number(name, lo, hi, lo_open=False, hi_open=False):
@@ -80,6 +82,9 @@ class MeanFlowConfig:
         number("guidance_scale", 0.0, 100.0)
         number("guidance_mix", 0.0, 1.0, hi_open=True)
         number("shortcut", 0.0, 1.0, hi_open=True)
+        sf = self.shortcut_from
+        if isinstance(sf, bool) or not isinstance(sf, int) or sf < 0:
+            raise ValueError(f"meanflow.shortcut_from={sf!r}: must be a step number >= 0 (0 = from the start)")
         iv = self.guidance_interval
         if (not isinstance(iv, list | tuple) or len(iv) != 2
                 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in iv)

@@ -40,12 +40,12 @@ TARGET_DROP = 0.30      # the issue's target: FID-1K at least 30% below unguided
 TARGET_DIGITS = 0.99    # ... with at least 99% of digits right
 ROOT = Path(__file__).resolve().parents[1]
 # The single models of the committed frontier (--models' default): the bundled flow demo and the bundled one-step
-# model (the demo converted with iMF and x-prediction, 1,644 steps) at 1 and 2 steps, the velocity-predicting
-# conversion at 2,466 steps, and the study's sit-rope seed 0 converted with iMF
+# model (the demo converted with iMF and x-prediction, 2,055 steps, the last 411 with the shortcut) at 1 and 2
+# steps, the velocity-predicting conversion at 2,466 steps, and the study's sit-rope seed 0 converted with iMF
 # (configs/mnist/convert-sit-rope-imf.yaml), each record relative to the repository.
 MODELS = {"demo (flow)": "docs/study/guidance/demo.json",
-          "demo-1step (iMF, x-pred.), 1 step": "docs/study/meanflow-convert/demo-imf-x-1644-1nfe.json",
-          "demo-1step (iMF, x-pred.), 2 steps": "docs/study/meanflow-convert/demo-imf-x-1644-2nfe.json",
+          "demo-1step (iMF, x-pred., shortcut), 1 step": "docs/study/meanflow-convert/demo-imf-xs-2055-1nfe.json",
+          "demo-1step (iMF, x-pred., shortcut), 2 steps": "docs/study/meanflow-convert/demo-imf-xs-2055-2nfe.json",
           "demo -> iMF (velocity), 1 step": "docs/study/meanflow-convert/demo-imf-2466-1nfe.json",
           "demo -> iMF (velocity), 2 steps": "docs/study/meanflow-convert/demo-imf-2466-2nfe.json",
           "sit-rope s0 -> iMF, 1 step": "docs/study/meanflow-convert/sit-rope-imf-822-1nfe.json",

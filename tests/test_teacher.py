@@ -115,3 +115,7 @@ def test_a_run_distils_a_flow_run_and_reads_the_teacher_again_when_it_resumes(tm
         train(load_config(None, [*mf, "name=mf2", f"meanflow.teacher={tmp_path / 'gone'}"]))
     with pytest.raises(TrainingError, match=r"^meanflow.teacher=.*a MeanFlow model already"):
         train(load_config(None, [*mf, "name=mf3", f"meanflow.teacher={run}"]))
+    noise_run = train(load_config(None, [*common, "name=noise", "train.max_steps=1", "transport.prediction=noise"]))
+    for key in ("meanflow.teacher", "train.init_from"):  # MeanFlow builds on the linear path's velocity
+        with pytest.raises(TrainingError, match=rf"^{key}=.*prediction=noise; MeanFlow builds on"):
+            train(load_config(None, [*mf, f"name=mf-{key}", f"{key}={noise_run}"]))

@@ -187,7 +187,10 @@ class MeanFlowObjective(Objective):
                                           ).to(target.dtype)
         kw = {} if guidance is None else {"guidance": guidance}
         pred, projected = net(x_t, t, y, interval=d, **kw)
-        weighted, mse = meanflow_loss(pred, target, self.cfg, flat=whole)
+        if whole is None:
+            weighted, mse = meanflow_loss(pred, target, self.cfg)
+        else:  # the shortcut rows at the batch's mean adaptive weight
+            weighted, mse = meanflow_loss(pred, target, self.cfg, flat=whole)
         loss = weighted.mean()
         terms = {"loss": loss, "mse": mse.mean(), "target": target.float().square().mean().sqrt()}
         if self.alignment is not None:

@@ -270,12 +270,13 @@ def shortcut_target(model, x0: torch.Tensor, y: torch.Tensor, guidance: torch.Te
     (u_a + u_b) / 2. The discrete self-consistency of Shortcut models (Frans, Hafner, Levine, Abbeel 2024, arXiv
     2410.12557) at the one interval a one-step sample uses; MeanFlow's identity is its limit of small halves.
     ``guidance`` (n, 3): iMF's inputs, the same for both halves; None for MeanFlow."""
+    kw = {} if guidance is None else {"guidance": guidance}
+
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, interval: torch.Tensor | None = None):
+        return model(x, t, y, interval=interval, **kw)
+
     with torch.no_grad():
-        kw = {} if guidance is None else {"guidance": guidance}
-        half = torch.full((x0.shape[0],), 0.5, dtype=x0.dtype, device=x0.device)
-        u_a = model(x0, torch.zeros_like(half), y, interval=half, **kw)
-        u_b = model(x0 + 0.5 * u_a, half, y, interval=half, **kw)
-    return 0.5 * (u_a + u_b)
+        return meanflow_sample(model_fn, x0, y, 2) - x0
 
 
 def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig, flat: torch.Tensor | None = None
@@ -283,8 +284,8 @@ def meanflow_loss(pred: torch.Tensor, target: torch.Tensor, cfg: MeanFlowConfig,
     """(weighted loss (B,), squared error per element (B,)): ||pred - target||^2 summed over the sample, times
     the adaptive weight sg(1 / (||.||^2 + c)^p) (p = 0: plain). ``flat`` (B,) bool: rows weighted by the mean
     adaptive weight of the others instead of their own, so that their gradient shrinks with their error (the
-    shortcut rows: a target the network makes itself, which its own weight 1 / (||.||^2 + c) would pull into
-    agreement at any cost, a constant output included)."""
+    shortcut rows, whose target the network makes itself: with their own weight a run collapsed to a constant
+    output, docs/meanflow.md "The one-step map taught its two-step sample")."""
     sq = (pred.float() - target.float()).square().flatten(1).sum(1)
     weight = (sq.detach() + cfg.adaptive_c).pow(-cfg.adaptive_p) if cfg.adaptive_p else torch.ones_like(sq)
     if flat is not None and bool(flat.any()) and bool((~flat).any()):

@@ -125,15 +125,20 @@ def test_the_shipped_configs_resolve_to_their_base_with_a_model():
             cfg = load_config(path)
             same = {"train": cfg.train if path.name != "vit5g-b2.yaml" else recipe.train,
                     "repa": cfg.repa if path.name != "vit5-repa.yaml" else recipe.repa}
-            if path.name.startswith(("meanflow-", "convert-")):  # MeanFlow recipes (from scratch; a flow model
-                # converted, train.init_from): their objective, sampler and settings
+            if path.name.startswith(("meanflow-", "imf-", "convert-")):  # MeanFlow and iMF recipes (from scratch;
+                # a flow model converted, train.init_from): their objective, sampler and settings
                 same = {"train": recipe.train, "sampler": recipe.sampler, "meanflow": recipe.meanflow,
                         "log": recipe.log}
             assert dataclasses.replace(cfg, name=recipe.name, model=recipe.model, **same) == recipe, path.name
-        # The MeanFlow configs of a folder share one MeanFlow recipe: they differ in name and model only.
-        pair = [load_config(p) for p in sorted((ROOT / "configs" / folder).glob("meanflow-*.yaml"))]
-        assert len(pair) == 2 and all(c.train.objective == "meanflow" for c in pair)
-        assert dataclasses.replace(pair[1], name=pair[0].name, model=pair[0].model) == pair[0], folder
+        # The MeanFlow configs of a folder share one MeanFlow recipe, and the iMF ones one iMF recipe: each pair
+        # differs in name and model only (the two backbones of one objective).
+        for kind, variant in (("meanflow", "meanflow"), ("imf", "imf")):
+            pair = [load_config(p) for p in sorted((ROOT / "configs" / folder).glob(f"{kind}-*.yaml"))]
+            if folder == "imagenet256" and kind == "imf":
+                continue  # no ImageNet iMF run from scratch: configs/imagenet256/convert-sit-xl2-imf.yaml converts
+            assert len(pair) == 2 and all(c.train.objective == "meanflow" for c in pair), (folder, kind)
+            assert all(c.meanflow.variant == variant for c in pair), (folder, kind)
+            assert dataclasses.replace(pair[1], name=pair[0].name, model=pair[0].model) == pair[0], (folder, kind)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -435,3 +435,25 @@ def test_the_one_step_speed_up_quoted_is_the_sampling_benchmarks():
         quoted = re.findall(r"([\d.]+)x faster than the flow demo", _page(page))
         assert quoted, f"{page}: says how much faster the one-step demo samples"
         assert abs(float(quoted[0]) - ratio) <= 0.06, f"{page}: {quoted[0]}x, the benchmark's rows give {ratio:.2f}x"
+
+
+def _tool(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_the_conversion_summary_is_generated_from_the_records():
+    """docs/study/meanflow-convert/summary.md (issue #51 (b), included in docs/meanflow.md) is what
+    benchmarks/convert_summary.py writes from the committed records, and marks a missed target in italics."""
+    tool = _tool("convert_summary")
+    assert (ROOT / "docs/study/meanflow-convert/summary.md").read_text() == tool.table(), \
+        "run python benchmarks/convert_summary.py --md docs/study/meanflow-convert/summary.md"
+    flow = {"fid": 50.0, "digit_accuracy": 0.9, "speckle": 0.001}
+    assert tool.scored({"fid": 60.0, "digit_accuracy": 0.99, "speckle": 0.003}, flow) == \
+        "60.0 (1.20x) / 99.0% / 0.30% (3.0x)"  # each target met at its bound
+    assert tool.scored({"fid": 60.1, "digit_accuracy": 0.989, "speckle": 0.0031}, flow) == \
+        "*60.1 (1.20x)* / *98.9%* / *0.31% (3.1x)*"

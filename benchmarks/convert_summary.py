@@ -26,7 +26,8 @@ IMF_STEP_COST = 2.2           # an iMF step in flow steps of CPU time (benchmark
 ROWS = [
     ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-x", 822, "x-prediction"),
     ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-x", 1644, "x-prediction"),
-    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-xs", 2055, "x-prediction + shortcut (the one-step demo)"),
+    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-xs", 2055,
+     "x-prediction + shortcut stage (the one-step demo)"),
     ("guidance/sit-rope-s0", "sit-rope seed 0", "sit-rope-imf-x", 822, "x-prediction"),
     ("guidance/sit-rope-s0", "sit-rope seed 0", "sit-rope-imf-xs", 1233, "x-prediction + shortcut stage"),
     ("guidance/sit-rope-s1", "sit-rope seed 1", "sit-rope-s1-imf-x", 822, "x-prediction"),

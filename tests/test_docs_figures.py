@@ -457,3 +457,15 @@ def test_the_conversion_summary_is_generated_from_the_records():
         "60.0 (1.20x) / 99.0% / 0.30% (3.0x)"  # each target met at its bound
     assert tool.scored({"fid": 60.1, "digit_accuracy": 0.989, "speckle": 0.0031}, flow) == \
         "*60.1 (1.20x)* / *98.9%* / *0.31% (3.1x)*"
+
+
+def test_the_scratch_comparison_is_generated_from_the_records():
+    """docs/study/imf-scratch/summary.md (issue #51 (a), included in docs/meanflow.md) is what
+    benchmarks/scratch_summary.py writes from the MeanFlow study's records and the iMF runs' records; its MeanFlow
+    rows are the figures the page's main table quotes (160.7 ± 0.8 at 750 steps, SiT + RoPE, one step)."""
+    tool = _tool("scratch_summary")
+    text = tool.table()
+    assert (ROOT / "docs/study/imf-scratch/summary.md").read_text() == text, \
+        "run python benchmarks/scratch_summary.py --md docs/study/imf-scratch/summary.md"
+    assert "| SiT + RoPE | 1 | MeanFlow (750) | 3, trained in | 160.1, 161.3 | **160.7 ± 0.8** | 28.8% |  |" in text
+    assert "**160.7 ± 0.8**" in _page("docs/meanflow.md")

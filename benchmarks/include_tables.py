@@ -29,6 +29,21 @@ def refreshed(text: str) -> str:
     return BLOCK.sub(lambda m: m.group(1) + body(m.group("path")) + m.group(4), text)
 
 
+def table_main(doc: str | None, table) -> None:
+    """The command line of a script that generates an included table: print ``table()``, and with ``--md FILE``
+    also write it there (convert_summary.py, scratch_summary.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--md", type=Path, help="write the table here (printed either way)")
+    args = parser.parse_args()
+    text = table()
+    print(text, end="")
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
+
+
 def main(argv: list[str]) -> None:
     for page in argv:
         path = Path(page)

@@ -12,10 +12,13 @@ the mean share of digits read right and of background speckle. Missing records a
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # include_tables, beside this file
+from include_tables import table_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "docs" / "study"
@@ -68,16 +71,5 @@ def table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--md", type=Path, help="write the table here (printed either way)")
-    args = parser.parse_args()
-    text = table()
-    print(text, end="")
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
-
-
 if __name__ == "__main__":
-    main()
+    table_main(__doc__, table)

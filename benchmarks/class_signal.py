@@ -17,18 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
+from vit5_sit.data import DIGITS_RESOLUTION, ImageFolderDataset
 from vit5_sit.hub.model_files import load_for_sampling
 from vit5_sit.transport.meanflow import guidance_inputs
 
 
 def real_digits(root: Path, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n digits of data/mnist32 (class folders 0-9 of PNGs) in [-1, 1], (n, 1, 32, 32), and their labels."""
-    files = sorted((p, int(p.parent.name)) for p in root.glob("[0-9]/*.png"))
-    pick = np.random.default_rng(seed).choice(len(files), size=n, replace=False)
-    images = [np.asarray(Image.open(files[i][0]).convert("L"), dtype=np.float32) / 127.5 - 1 for i in pick]
-    return torch.from_numpy(np.stack(images))[:, None], torch.tensor([files[i][1] for i in pick])
+    """n digits of an exported digit folder (data/mnist32), as the training loop reads them: (n, 1, 32, 32) in
+    [-1, 1], and their labels."""
+    dataset = ImageFolderDataset(root, DIGITS_RESOLUTION, random_flip=False, channels=1)
+    pick = np.random.default_rng(seed).choice(len(dataset), size=n, replace=False)
+    images, labels = zip(*(dataset[int(i)] for i in pick))
+    return torch.stack(images), torch.stack(labels)
 
 
 @torch.no_grad()
@@ -42,7 +43,7 @@ def signal(model, x1: torch.Tensor, y: torch.Tensor, t: float, scale: float, see
     if model.cfg.guidance_input:
         extra["guidance"] = guidance_inputs(len(y), 1.0)
     v_c = model(xt, tt, y, **extra)
-    v_u = model(xt, tt, torch.full_like(y, model.cfg.num_classes), **extra)
+    v_u = model(xt, tt, torch.full_like(y, model.null_label), **extra)
     norm = v_c.flatten(1).norm(dim=1)
     share = ((v_c - v_u).flatten(1).norm(dim=1) / norm).mean().item()
     if not model.cfg.guidance_input:

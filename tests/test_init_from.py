@@ -41,6 +41,35 @@ def test_the_converted_demo_is_the_demo_bit_for_bit(imf):
             assert torch.equal(model(x, t, y, interval=interval, **kw), want)
 
 
+
+@pytest.mark.parametrize("imf", [False, True], ids=["meanflow", "imf"])
+def test_the_demo_converted_with_dmfs_split_is_the_demo_at_interval_zero(imf):
+    """DMF's decoupled conditioning (model.dmf_depth): no new interval weights; at d = 0 the flow model, bit for
+    bit; at d > 0 the first dmf_depth blocks are unchanged and only the later ones see the interval (its end)."""
+    flow, _ = load_for_sampling("demo")
+    mcfg = dataclasses.replace(flow.cfg, mean_flow=True, guidance_input=imf, dmf_depth=4)
+    torch.manual_seed(1)
+    model = create_model(mcfg).eval()
+    assert model.interval_embedder is None
+    new = convert(model, flow_state("demo", mcfg)[0])
+    assert all(k.startswith("guidance_embedder.") for k in new) and bool(new) == imf
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 1, 32, 32, generator=g)
+    t = 0.6 * torch.rand(6, generator=g)
+    d = 0.4 * torch.rand(6, generator=g)
+    y = torch.tensor([0, 3, 7, 9, 10, 10])
+    kw = {"guidance": torch.tensor([[2.5, 0.0, 1.0]]).expand(6, 3)} if imf else {}
+    with torch.no_grad():
+        want, hidden = flow(x, t, y, return_hidden=(4, 5))
+        assert torch.equal(model(x, t, y, interval=torch.zeros(6), **kw), want)
+        out, moved = model(x, t, y, interval=d, return_hidden=(4, 5), **kw)
+        assert torch.equal(moved[4], hidden[4])            # the encoder sees t alone
+        assert not torch.allclose(moved[5], hidden[5])     # the decoder sees t + d
+        # ... exactly as the flow model's later blocks do at the time t + d (the decoder's conditioning)
+        c_end = flow.t_embedder(t + d) + flow.y_embedder(y)
+        assert torch.equal(c_end, model.t_embedder(t + d) + model.y_embedder(y))
+        assert not torch.allclose(out, want)
+
 def _runs(tmp_path: Path) -> tuple[Path, list[str]]:
     data = image_folder(tmp_path / "data")
     return data, [*TINY_TRAIN, f"output_dir={tmp_path}", "data.kind=images", f"data.path={data}",

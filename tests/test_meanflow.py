@@ -31,6 +31,8 @@ SWITCHES = [
     ("ViT5G-T/4", {"mlp": "swiglu"}),
     ("ViT5G-T/4", {"pos_embed": "learned"}),
     ("SiT-T/4", {"norm": "rmsnorm", "qkv_bias": False}),
+    ("ViT5G-T/4", {"dmf_depth": 1}),                    # DMF's split: t in the first block, t + d after
+    ("SiT-T/4", {"dmf_depth": 1}),
 ]
 
 

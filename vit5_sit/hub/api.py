@@ -363,6 +363,10 @@ def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     if cfg.model_config().x_prediction:
         rows.append(("output", "x-prediction (pMF): the network gives the data point its average velocity reaches, "
                                "so a one-step sample is the network's output itself (`model.x_prediction`)"))
+    depth = cfg.model_config().dmf_depth
+    if depth:
+        rows.append(("conditioning", f"DMF's split: the first {depth} blocks see the time t, the rest and the output "
+                                     "layer the interval's end (`model.dmf_depth`)"))
     if mf.shortcut:
         start = f" from step {mf.shortcut_from:,}" if mf.shortcut_from else ""
         rows.append(("shortcut", f"{mf.shortcut:.0%} of each batch{start} at the whole interval, regressed on the "

@@ -45,12 +45,17 @@ class ModelConfig:
                                             # (`guidance_embedder`, starts neutral), summed into the conditioning
     x_prediction: bool = False              # MeanFlow models: the network outputs the data point its average
                                             # velocity reaches at t = 1 (pMF's x-prediction), U = (x - x_t) / (1 - t)
+    dmf_depth: int = 0                      # MeanFlow models: DMF's decoupled conditioning; 0 = off (the interval
+                                            # embedder, in every block); k = the first k blocks see the time t, the
+                                            # rest and the final layer the interval's end t + d, through the one
+                                            # time embedder (no interval embedder: at d = 0 the flow model)
 
     def __post_init__(self) -> None:
         for name in ("input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads",
                      "num_classes"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("num_registers", self.num_registers, minimum=0)
+        _check_int("dmf_depth", self.dmf_depth, minimum=0)
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         check_choice("mlp", self.mlp, MLPS)
@@ -63,6 +68,13 @@ class ModelConfig:
         if self.x_prediction and not self.mean_flow:
             raise ValueError("x_prediction=True is an output of MeanFlow models (their average velocity from the "
                              "predicted data point): it needs mean_flow=True (train.objective=meanflow)")
+        if self.dmf_depth and not self.mean_flow:
+            raise ValueError(f"dmf_depth={self.dmf_depth} is DMF's split of a MeanFlow model's conditioning: it "
+                             "needs mean_flow=True (train.objective=meanflow), or dmf_depth=0")
+        if self.dmf_depth >= self.depth:
+            raise ValueError(f"dmf_depth={self.dmf_depth} with depth={self.depth}: the first dmf_depth blocks see "
+                             f"t and the rest t + d, so it must be in [1, {self.depth - 1}] (DMF: about 2/3 of the "
+                             "depth), or 0 for the interval embedder in every block")
         _check_float("mlp_ratio", self.mlp_ratio, positive=True)
         _check_float("rope_base", self.rope_base, positive=True)
         _check_float("class_dropout_prob", self.class_dropout_prob)

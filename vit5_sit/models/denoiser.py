@@ -90,8 +90,9 @@ class Denoiser(nn.Module):
         self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, D)
         self.t_embedder = TimestepEmbedder(D)
         # MeanFlow: the interval length t - r of the average velocity gets its own embedder, summed into the
-        # conditioning (the paper's ImageNet choice, (t, t - r)): at interval 0 the model is a flow model.
-        self.interval_embedder = TimestepEmbedder(D) if cfg.mean_flow else None
+        # conditioning (the paper's ImageNet choice, (t, t - r)): at interval 0 the model is a flow model. With
+        # DMF's split (cfg.dmf_depth) there is none: the later blocks see the interval's end through t_embedder.
+        self.interval_embedder = TimestepEmbedder(D) if cfg.mean_flow and not cfg.dmf_depth else None
         # iMF: the guidance scale and its interval as inputs (one-step models guided at sampling time, one pass).
         self.guidance_embedder = GuidanceEmbedder(D) if cfg.guidance_input else None
         self.y_embedder = LabelEmbedder(cfg.num_classes, D, cfg.class_dropout_prob)
@@ -231,7 +232,9 @@ class Denoiser(nn.Module):
         block k})``.
         interval: MeanFlow models (``cfg.mean_flow``) only: (B,) lengths d >= 0 of the time interval [t, t + d]
         whose average velocity the model predicts (`vit5_sit.transport.meanflow`); None = 0, the instantaneous
-        velocity.
+        velocity. It enters through ``interval_embedder``, summed into every block's conditioning, or with
+        ``cfg.dmf_depth`` = k (DMF's decoupled conditioning) as the interval's end t + d: blocks 1..k are
+        conditioned on t, the later blocks and the final layer on t + d, both through ``t_embedder``.
         guidance: iMF models (``cfg.guidance_input``) only: (B, 3) = (scale w, low, high), the guidance the
         prediction has, acting for t in [low, high] (`vit5_sit.transport.meanflow.guidance_inputs`); None = no
         guidance (1, 0, 1).
@@ -258,13 +261,18 @@ class Denoiser(nn.Module):
         if self.register_tokens is not None:
             x = torch.cat([x, self.register_tokens.expand(B, -1, -1).to(x.dtype)], dim=1)  # (B, T + R, D)
         rope = self.rope_tables(grid_h, grid_w, x.device) if self.cfg.rope else None  # (T + R, hd / 2)
-        c = self.t_embedder(t) + self.y_embedder(y)               # (B, D)
-        if self.interval_embedder is not None:
+        c_y = self.y_embedder(y)                                  # (B, D)
+        c = self.t_embedder(t) + c_y                              # (B, D)
+        c_end = None  # DMF (cfg.dmf_depth): the conditioning of the blocks after the first dmf_depth
+        if self.cfg.mean_flow:
             if interval is None:
                 interval = torch.zeros_like(t)
             elif interval.ndim == 0:
                 interval = interval.expand(B)
-            c = c + self.interval_embedder(interval)              # (B, D)
+            if self.interval_embedder is not None:
+                c = c + self.interval_embedder(interval)          # (B, D)
+            else:  # DMF: the decoder sees the interval's end, as the encoder sees its start
+                c_end = self.t_embedder(t + interval) + c_y       # (B, D)
         elif interval is not None:
             raise ValueError("interval= is for MeanFlow models (ModelConfig.mean_flow=True); this model predicts "
                              "the instantaneous velocity only")
@@ -274,21 +282,24 @@ class Denoiser(nn.Module):
             elif guidance.shape != (B, 3):
                 raise ValueError(f"guidance of shape {tuple(guidance.shape)}: expected ({B}, 3), a (scale, low, "
                                  "high) row per sample")
-            c = c + self.guidance_embedder(guidance)              # (B, D)
+            c_g = self.guidance_embedder(guidance)                # (B, D)
+            c = c + c_g
+            c_end = None if c_end is None else c_end + c_g
         elif guidance is not None:
             raise ValueError("guidance= is for iMF models (ModelConfig.guidance_input=True, meanflow.variant=imf); "
                              "guide this model with classifier-free guidance (two passes) instead")
 
         hidden = {}
         for k, block in enumerate(self.blocks, start=1):
+            c_k = c_end if c_end is not None and k > self.cfg.dmf_depth else c
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, c, rope, use_reentrant=False)
+                x = checkpoint(block, x, c_k, rope, use_reentrant=False)
             else:
-                x = block(x, c, rope)                             # (B, T + R, D)
+                x = block(x, c_k, rope)                           # (B, T + R, D)
             if k in return_hidden:
                 hidden[k] = x[:, :T]                              # (B, T, D): patch tokens only
         x = x[:, :T]                                              # (B, T, D): registers dropped
-        x = self.final_layer(x, c)                                # (B, T, p * p * C_out)
+        x = self.final_layer(x, c if c_end is None else c_end)    # (B, T, p * p * C_out)
         x = self.unpatchify(x, grid_h, grid_w)                    # (B, C_out, H, W)
         if self.learn_sigma:
             x = x[:, :C]                                          # (B, C, H, W): the sigma half dropped

@@ -7,6 +7,9 @@ flow model into it; what only the new objective has starts so that it changes no
 - MeanFlow's ``interval_embedder`` (the interval length t - r): its last layer at zero, so its term in the
   conditioning is 0 and the converted model predicts exactly the flow model's velocity, for every interval, at
   step 0 (bit for bit: tests/test_init_from.py);
+- with DMF's split (``model.dmf_depth``) there is no interval embedder: the later blocks see the interval's end
+  t + d through the flow model's own time embedder, which is t at d = 0, so the converted model is again the flow
+  model at step 0 (the same test);
 - iMF's ``guidance_embedder``: zero last layers already, as every fresh model's (`Denoiser`'s init, the one place
   that decides it; the bit-for-bit test would catch a change there).
 
@@ -18,8 +21,8 @@ at zero (every fresh model's) and is learned again; the trunk, every block and e
 The fine-tuning then learns the average velocity from a model that already knows the instantaneous one. The EMA
 starts at the converted weights (the flow model's EMA weights, which are the ones worth keeping). The model's
 architecture must be the flow model's: every field of the model config but the objective's inputs (``mean_flow``,
-``guidance_input``) must agree, and a disagreement is one line naming each field and both values. A run that
-resumes reads its own checkpoint: ``init_from`` is read at step 0 only.
+``guidance_input``, ``x_prediction``, ``dmf_depth``) must agree, and a disagreement is one line naming each field
+and both values. A run that resumes reads its own checkpoint: ``init_from`` is read at step 0 only.
 """
 
 from __future__ import annotations
@@ -34,11 +37,17 @@ from vit5_sit.common.checks import ModelLoadError
 from vit5_sit.models.config import ModelConfig
 
 # The inputs the objective adds: what a flow model's config lacks and the converted model's has.
-OBJECTIVE_INPUTS = ("mean_flow", "guidance_input", "x_prediction")
+OBJECTIVE_INPUTS = ("mean_flow", "guidance_input", "x_prediction", "dmf_depth")
 # The last linear layer, which an x-prediction model learns again (its output is a data point, not a velocity).
 X_PRED_HEAD = ("final_layer.linear.weight", "final_layer.linear.bias")
 OFFICIAL_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
+
+
+def flow_config(mcfg: ModelConfig) -> ModelConfig:
+    """The flow model ``mcfg`` converts from: the same model without the objective's inputs (their defaults)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in OBJECTIVE_INPUTS}
+    return dataclasses.replace(mcfg, **defaults)
 
 class InitFromError(ValueError):
     """``train.init_from`` names nothing a run can start from; the message says why and what to give."""
@@ -50,7 +59,7 @@ def load_teacher(spec: str, mcfg: ModelConfig) -> tuple[nn.Module, str]:
     from vit5_sit.models import create_model
 
     state, what = flow_state(spec, mcfg, key="meanflow.teacher")
-    teacher = create_model(dataclasses.replace(mcfg, **{k: False for k in OBJECTIVE_INPUTS}))
+    teacher = create_model(flow_config(mcfg))
     teacher.load_state_dict(state)
     return teacher.eval().requires_grad_(False), what
 
@@ -64,7 +73,7 @@ def flow_state(spec: str, mcfg: ModelConfig, key: str = "train.init_from") -> tu
     from vit5_sit.models import create_model, load_official_state_dict
     from vit5_sit.models.official import StateDictMismatch
 
-    flow_cfg = dataclasses.replace(mcfg, **{k: False for k in OBJECTIVE_INPUTS})
+    flow_cfg = flow_config(mcfg)
     try:
         path = local_model_path(spec)  # a Hub repo id: its cached (or downloaded) snapshot
     except ModelLoadError as e:

@@ -1,11 +1,12 @@
 """Issue #51 (a)'s table: MeanFlow against improved MeanFlow (iMF), both trained from scratch, at equal training CPU.
 
 MeanFlow: the study's runs (docs/study/meanflow/study.json at 1 step, docs/study/meanflow-2nfe/study.json at 2;
-guidance 3 trained in) at 750 steps. iMF: configs/mnist/imf-*.yaml at 545 steps, the same CPU time (an iMF step
-costs 2.2 flow steps, a MeanFlow step 1.6; benchmarks/README.md), scored by bench_guidance.py
-(docs/study/imf-scratch/*.json) unguided and at scale 3, guidance chosen at sampling. Both against all 5,000 digits
-with 1,000 samples. A row per backbone and step count: each training seed's FID-1K, their mean ± sd (n - 1) and
-the mean share of digits read right and of background speckle. Missing records are left out.
+guidance 3 trained in) at 750 / 1,500 / 2,250 steps. iMF: configs/mnist/imf-*.yaml at 545 / 1,090 / 1,635 steps,
+the same CPU time (= the flow study's 1,200 / 2,400 / 3,600 steps: an iMF step costs 2.2 flow steps, a MeanFlow
+step 1.6; benchmarks/README.md), scored by bench_guidance.py (docs/study/imf-scratch/*.json) unguided and at scale
+3, guidance chosen at sampling. Both against all 5,000 digits with 1,000 samples. A row per backbone, budget and
+step count: each training seed's FID-1K, their mean ± sd (n - 1) and the mean share of digits read right and of
+background speckle. A budget with no iMF record yet is left out, as is a missing record.
 
     python benchmarks/scratch_summary.py --md docs/study/imf-scratch/summary.md
 """
@@ -22,24 +23,24 @@ from include_tables import table_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "docs" / "study"
-MEANFLOW_STEP, IMF_STEP = 750, 545  # both = 1,200 flow steps of training CPU
+BUDGETS = ((750, 545), (1500, 1090), (2250, 1635))  # (MeanFlow, iMF) steps = 1,200 / 2,400 / 3,600 flow steps
 BACKBONES = [("SiT + RoPE", "meanflow-sit-rope", "imf-sit-rope"), ("ViT5G", "meanflow-vit5g", "imf-vit5g")]
 SEEDS = (0, 1)
 
 
-def meanflow_rows(arm: str, nfe: int) -> list[dict]:
-    """The MeanFlow study's rows of one arm at MEANFLOW_STEP (sample seed 0), by training seed."""
+def meanflow_rows(arm: str, nfe: int, step: int) -> list[dict]:
+    """The MeanFlow study's rows of one arm at ``step`` (sample seed 0), by training seed."""
     study = STUDY / ("meanflow" if nfe == 1 else f"meanflow-{nfe}nfe") / "study.json"
     rows = [r for r in json.loads(study.read_text())["rows"]
-            if r["arm"] == arm and r["step"] == MEANFLOW_STEP and r["sample_seed"] == 0]
+            if r["arm"] == arm and r["step"] == step and r["sample_seed"] == 0]
     return sorted(rows, key=lambda r: r["seed"])
 
 
-def imf_rows(prefix: str, nfe: int, cell: str) -> list[dict]:
+def imf_rows(prefix: str, nfe: int, cell: str, step: int) -> list[dict]:
     """The iMF records' cell (sample seed 0), by training seed; a seed not scored yet is left out."""
     rows = []
     for seed in SEEDS:
-        record = STUDY / "imf-scratch" / f"{prefix}-s{seed}-{IMF_STEP}-{nfe}nfe.json"
+        record = STUDY / "imf-scratch" / f"{prefix}-s{seed}-{step}-{nfe}nfe.json"
         if record.is_file():
             rows += [r for r in json.loads(record.read_text())["rows"] if r["cell"] == cell and r["seed"] == 0]
     return rows
@@ -62,12 +63,16 @@ def table() -> str:
              "| speckle |",
              "|---|---:|---|---|---|---:|---:|---:|"]
     for label, meanflow_arm, imf_prefix in BACKBONES:
-        for nfe in (1, 2):
-            cells = [(f"MeanFlow ({MEANFLOW_STEP})", "3, trained in", meanflow_rows(meanflow_arm, nfe)),
-                     (f"iMF ({IMF_STEP})", "none", imf_rows(imf_prefix, nfe, "cfg@1")),
-                     (f"iMF ({IMF_STEP})", "3, chosen at sampling", imf_rows(imf_prefix, nfe, "cfg@3"))]
-            lines += [f"| {label} | {nfe} | {what} | {guidance} | {summary(rows)} |"
-                      for what, guidance, rows in cells if rows]
+        for meanflow_step, imf_step in BUDGETS:
+            for nfe in (1, 2):
+                imf = [(f"iMF ({imf_step})", "none", imf_rows(imf_prefix, nfe, "cfg@1", imf_step)),
+                       (f"iMF ({imf_step})", "3, chosen at sampling", imf_rows(imf_prefix, nfe, "cfg@3", imf_step))]
+                if not any(rows for *_, rows in imf):
+                    continue
+                cells = [(f"MeanFlow ({meanflow_step})", "3, trained in",
+                          meanflow_rows(meanflow_arm, nfe, meanflow_step)), *imf]
+                lines += [f"| {label} | {nfe} | {what} | {guidance} | {summary(rows)} |"
+                          for what, guidance, rows in cells if rows]
     return "\n".join(lines) + "\n"
 
 

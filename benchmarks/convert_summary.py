@@ -27,6 +27,10 @@ IMF_STEP_COST = 2.2           # an iMF step in flow steps of CPU time (benchmark
 
 # (flow model's record, its label, the conversion's record prefix, fine-tuning steps, what the conversion is)
 ROWS = [
+    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf", 411, "velocity"),
+    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-dmf", 411, "velocity, DMF's split (4 + 2 blocks)"),
+    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf", 822, "velocity"),
+    ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-dmf", 822, "velocity, DMF's split (4 + 2 blocks)"),
     ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-x", 822, "x-prediction"),
     ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-x", 1644, "x-prediction"),
     ("guidance/demo", "the flow demo (ViT5G)", "demo-imf-xs", 2055,

@@ -618,6 +618,7 @@ RANGES: dict[str, Range] = {
     "model.class_dropout_prob": _UNIT,
     "model.rope_base": _above(0),
     "model.num_registers": _at_least(0),
+    "model.dmf_depth": _at_least(0, "0 = off; k < model.depth with train.objective=meanflow"),
     "model.register_rope_base": _above(0, "none = registers not rotated"),
     "model.layer_scale_init": _at_least(0, "none = off"),
     "model.gate_init": Range(why="0 = adaLN-Zero"),

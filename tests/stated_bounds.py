@@ -81,6 +81,7 @@ CONFIG = {
     "model.input_size": ">= 1", "model.in_channels": ">= 1", "model.patch_size": ">= 1", "model.hidden_size": ">= 1",
     "model.depth": ">= 1", "model.num_heads": ">= 1", "model.mlp_ratio": "> 0.0", "model.num_classes": ">= 1",
     "model.class_dropout_prob": "[0.0, 1.0)", "model.rope_base": "> 0.0", "model.num_registers": ">= 0",
+    "model.dmf_depth": ">= 0",
     "model.register_rope_base": "> 0.0", "model.layer_scale_init": ">= 0.0", "model.gate_init": "any",
     "repa.weight": ">= 0.0", "repa.depth": ">= 1", "repa.encoder_resolution": ">= 0", "repa.projector_dim": ">= 1",
     "meanflow.ratio": "[0.0, 1.0]", "meanflow.time_mean": "[-10.0, 10.0]", "meanflow.time_std": "(0.0, 10.0]",

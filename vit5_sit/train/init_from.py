@@ -43,11 +43,11 @@ X_PRED_HEAD = ("final_layer.linear.weight", "final_layer.linear.bias")
 OFFICIAL_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
 
-
 def flow_config(mcfg: ModelConfig) -> ModelConfig:
     """The flow model ``mcfg`` converts from: the same model without the objective's inputs (their defaults)."""
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in OBJECTIVE_INPUTS}
     return dataclasses.replace(mcfg, **defaults)
+
 
 class InitFromError(ValueError):
     """``train.init_from`` names nothing a run can start from; the message says why and what to give."""

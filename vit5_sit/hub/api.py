@@ -360,13 +360,13 @@ def meanflow_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
         rows.append(("started from", f"the flow model `{public_text(cfg.train.init_from)}`, converted and fine-tuned "
                                      "(`train.init_from`)"))
-    if cfg.model_config().x_prediction:
+    mcfg = cfg.model_config()
+    if mcfg.x_prediction:
         rows.append(("output", "x-prediction (pMF): the network gives the data point its average velocity reaches, "
                                "so a one-step sample is the network's output itself (`model.x_prediction`)"))
-    depth = cfg.model_config().dmf_depth
-    if depth:
-        rows.append(("conditioning", f"DMF's split: the first {depth} blocks see the time t, the rest and the output "
-                                     "layer the interval's end (`model.dmf_depth`)"))
+    if mcfg.dmf_depth:
+        rows.append(("conditioning", f"DMF's split: the first {mcfg.dmf_depth} blocks see the time t, the rest "
+                                     "and the output layer the interval's end (`model.dmf_depth`)"))
     if mf.shortcut:
         start = f" from step {mf.shortcut_from:,}" if mf.shortcut_from else ""
         rows.append(("shortcut", f"{mf.shortcut:.0%} of each batch{start} at the whole interval, regressed on the "
